@@ -1,0 +1,1 @@
+"""The socket protocol shared by api.py and rank 0 of server.py."""
