@@ -1,0 +1,198 @@
+"""hosts.json for mlx.launch, built from the settings (used by launch.sh).
+
+Local mode (WORKER_HOSTS empty): NUM_DEVICES ranks on 127.0.0.1. Remote mode: rank 0 is
+this machine, ranks 1.. are WORKER_HOSTS in order (the addresses MLX traffic uses, e.g.
+Thunderbolt bridge IPs); WORKER_SSH optionally gives the SSH destination of each worker
+(same order), else the worker address is also the SSH destination.
+
+The file is a JSON list that mlx.launch reads: one entry per rank with `ssh` (the SSH
+destination; "127.0.0.1" makes mlx.launch run that rank locally without SSH), `ips`,
+`rdma` for the jaccl backend, plus our own `weight` (mlx.launch ignores extra keys).
+
+    python -m distributed.hostfile write [--out hosts.json]
+    python -m distributed.hostfile workers          # "rank ssh-destination" per worker
+    python -m distributed.hostfile free-port --count N
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import socket
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from config.settings import PROJECT_DIR, Settings, load_settings
+
+LOCAL = "127.0.0.1"
+RDMA_FILE = PROJECT_DIR / "rdma.json"
+
+
+class HostfileError(ValueError):
+    """The settings cannot describe a cluster; the message says what to change."""
+
+
+class HostEntry(BaseModel):
+    """One rank of hosts.json, in mlx.launch's format plus its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ssh: str
+    ips: list[str]
+    rdma: list[str | list[str] | None] | None = None
+    weight: float | None = None
+
+
+def _split(value: str) -> list[str]:
+    return [part for part in value.replace(",", " ").split() if part]
+
+
+def resolve_ip(host: str) -> str:
+    """An IPv4/IPv6 address for `host` (the ring backend needs addresses, not names)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        raise HostfileError(
+            f"worker host {host!r} does not resolve ({exc.strerror or exc}); "
+            "put its IP address in WORKER_HOSTS"
+        ) from None
+
+
+def local_ip_towards(peer_ip: str) -> str:
+    """The address of this machine on the interface that routes to `peer_ip`."""
+    family = socket.AF_INET6 if ":" in peer_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((peer_ip, 9))  # UDP connect sends nothing; it only picks a route
+        except OSError as exc:
+            raise HostfileError(f"no route to worker {peer_ip} ({exc.strerror or exc})") from None
+        return probe.getsockname()[0]
+
+
+def worker_destinations(settings: Settings) -> list[tuple[str, str]]:
+    """(address, ssh destination) for each worker, in rank order (ranks 1..)."""
+    hosts = settings.worker_host_list
+    ssh = _split(settings.worker_ssh)
+    if ssh and len(ssh) != len(hosts):
+        raise HostfileError(
+            f"WORKER_SSH has {len(ssh)} entries but WORKER_HOSTS has {len(hosts)}: give one "
+            "SSH destination per worker host, in the same order, or leave WORKER_SSH empty"
+        )
+    return list(zip(hosts, ssh or hosts, strict=True))
+
+
+def _weights(settings: Settings, world: int) -> list[float | None]:
+    weights = settings.parsed_rank_weights(world)
+    if weights is None:
+        return [None if settings.rank_weights == "auto" else 1.0] * world
+    if len(weights) != world:
+        raise HostfileError(
+            f"RANK_WEIGHTS has {len(weights)} numbers but the cluster has {world} ranks: "
+            f"give one weight per rank (for example {','.join(['1'] * world)})"
+        )
+    return list(weights)
+
+
+def _rdma_matrix(world: int, path: Path = RDMA_FILE) -> list[list]:
+    """Per-rank RDMA device lists from the hostfile that mlx.distributed_config wrote."""
+    hint = (
+        "create it once with `.venv/bin/mlx.distributed_config --backend jaccl "
+        f"--over thunderbolt --hosts <this mac>,<workers...> --output {path.name}`"
+    )
+    if not path.is_file():
+        raise HostfileError(f"DISTRIBUTED_BACKEND=jaccl needs {path.name}: {hint}")
+    data = json.loads(path.read_text())
+    hosts = data["hosts"] if isinstance(data, dict) else data
+    matrix = [host.get("rdma") or [] for host in hosts]
+    if len(matrix) != world or any(len(row) != world for row in matrix):
+        raise HostfileError(f"{path.name} does not describe {world} hosts: {hint}")
+    return matrix
+
+
+def build_hosts(settings: Settings, rdma_file: Path = RDMA_FILE) -> list[HostEntry]:
+    """The hosts.json entries, one per rank, for these settings."""
+    workers = worker_destinations(settings)
+    if not workers:
+        world = settings.num_devices
+        entries = [HostEntry(ssh=LOCAL, ips=[LOCAL]) for _ in range(world)]
+    else:
+        ips = [resolve_ip(address) for address, _ in workers]
+        entries = [HostEntry(ssh=LOCAL, ips=[local_ip_towards(ips[0])])]
+        entries += [HostEntry(ssh=dest, ips=[ip]) for ip, (_, dest) in zip(ips, workers)]
+        world = len(entries)
+    if settings.distributed_backend == "jaccl":
+        if not workers:
+            raise HostfileError("DISTRIBUTED_BACKEND=jaccl needs WORKER_HOSTS (RDMA links)")
+        for entry, row in zip(entries, _rdma_matrix(world, rdma_file), strict=True):
+            entry.rdma = row
+    for entry, weight in zip(entries, _weights(settings, world), strict=True):
+        entry.weight = weight
+    return entries
+
+
+def render(entries: list[HostEntry]) -> str:
+    """hosts.json text: a list of host objects, without null fields."""
+    return json.dumps([entry.model_dump(exclude_none=True) for entry in entries], indent=2) + "\n"
+
+
+def free_port_run(count: int, start: int = 20000, stop: int = 60000) -> int:
+    """The first port of `count` consecutive TCP ports free on 127.0.0.1 and 0.0.0.0."""
+    port = start
+    while port + count <= stop:
+        for offset in range(count):
+            if not _port_free(port + offset):
+                port += offset + 1
+                break
+        else:
+            return port
+    raise HostfileError(f"no {count} consecutive free ports between {start} and {stop}")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distributed.hostfile")
+    sub = parser.add_subparsers(dest="command", required=True)
+    write = sub.add_parser("write", help="write hosts.json for mlx.launch")
+    write.add_argument("--out", type=Path, default=PROJECT_DIR / "hosts.json")
+    sub.add_parser("workers", help="print 'rank ssh-destination' for each worker host")
+    port = sub.add_parser("free-port", help="print the first of N consecutive free ports")
+    port.add_argument("--count", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "free-port":
+            print(free_port_run(max(args.count, 1)))
+            return 0
+        settings = load_settings()
+        if args.command == "workers":
+            for rank, (_, dest) in enumerate(worker_destinations(settings), start=1):
+                print(rank, dest)
+            return 0
+        entries = build_hosts(settings)
+    except HostfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.write_text(render(entries))
+    for rank, entry in enumerate(entries):
+        weight = "auto" if entry.weight is None else f"{entry.weight:g}"
+        print(f"rank {rank}: {entry.ssh} ips={','.join(entry.ips)} weight={weight}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

