@@ -1,0 +1,45 @@
+"""create_app(settings): the FastAPI app, its rank-0 client, routers and error handlers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from config.settings import Settings
+from gateway.errors import install_error_handlers
+from gateway.middleware import AccessLog, BodyLimit
+from gateway.rank_client import RankClient
+from gateway.routers import chat, completions, health, info, metrics, models
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the app; the rank-0 connection starts with the app's lifespan."""
+    client = RankClient(settings.socket_path)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        client.start()
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = FastAPI(
+        title="MLX ring inference",
+        description="OpenAI-compatible API in front of an MLX distributed cluster.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.rank_client = client
+    app.state.metrics = metrics.Metrics()
+    app.state.started_at = int(time.time())
+    for module in (chat, completions, models, health, info, metrics):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AccessLog, metrics=app.state.metrics)
+    return app

@@ -1,0 +1,251 @@
+"""One generation's life at rank 0, shared by the chat and text completion routes.
+
+`prepare` checks the model name and builds the sampling parameters; `Generation`
+submits, waits for Started, yields Delta and Done, and cancels the request at rank 0
+when the client goes away, the deadline passes or the caller stops reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import PurePath
+from typing import Any
+
+from fastapi import Request
+
+from gateway.errors import APIError, unavailable
+from gateway.rank_client import ConnectionLost, RanksUnavailable
+from gateway.schemas import Performance, _Sampling
+from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit, Timings
+
+log = logging.getLogger("ring.api")
+
+
+def model_aliases(model_id: str) -> set[str]:
+    """Names that select the served model: its id, the id's last path part (with and
+    without a .gguf suffix) and "default"; compared case-insensitively."""
+    name = PurePath(model_id.rstrip("/")).name
+    names = {model_id, name, name.removesuffix(".gguf"), "default"}
+    return {alias.casefold() for alias in names if alias}
+
+
+def served_model(state: Any, requested: str) -> str:
+    """The served model id for `requested`; 404 model_not_found or 503 when unknown."""
+    model_id = state.rank_client.model_id
+    if model_id is None:
+        reason, retry = state.rank_client.unavailable_reason() or ("no model is loaded", 2)
+        raise unavailable(f"The ranks are not available: {reason}.", retry)
+    if requested.casefold() not in model_aliases(model_id):
+        raise APIError(
+            404,
+            f"The model '{requested}' does not exist on this server; it serves '{model_id}' "
+            "(GET /v1/models lists it).",
+            param="model",
+            code="model_not_found",
+        )
+    return model_id
+
+
+def sampling_params(
+    state: Any, body: _Sampling, max_tokens: int | None, logprobs: bool, top_logprobs: int
+) -> SamplingParams:
+    """Validated protocol parameters; 400 for what pydantic cannot see alone."""
+    if body.n != 1:
+        raise APIError(
+            400,
+            f"n={body.n} is not supported: this server returns one choice per request; "
+            "send n=1 and repeat the request for more choices.",
+            param="n",
+        )
+    settings = state.settings
+    status = state.rank_client.status
+    context = (status.max_sequence_length if status else 0) or settings.max_sequence_length
+    tokens = max_tokens or min(settings.default_max_tokens, context - 1)
+    if tokens >= context:
+        raise APIError(
+            400,
+            f"max_tokens={tokens} does not fit the model's context of {context} tokens; "
+            f"ask for fewer than {context} tokens, minus the prompt.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    defaults = SamplingParams(max_tokens=1)
+    return SamplingParams(
+        max_tokens=tokens,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=body.top_p or defaults.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        seed=body.seed,
+        stop=body.stop_list(),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs if logprobs else 0,
+    )
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def system_fingerprint(state: Any) -> str:
+    """Changes when the model, backend or split changes."""
+    status = state.rank_client.status
+    parts = [state.rank_client.model_id or ""]
+    if status is not None:
+        parts += [status.backend, str(status.world_size), json.dumps(status.plan, sort_keys=True)]
+    return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def performance(timings: Timings) -> Performance:
+    return Performance(
+        time_to_first_token=round(timings.time_to_first_token_s, 6),
+        prompt_tokens_per_second=round(timings.prompt_tokens_per_second, 3),
+        generation_tokens_per_second=round(timings.generation_tokens_per_second, 3),
+        total_time=round(timings.total_time_s, 6),
+    )
+
+
+def rank_error(error: Error, prompt_param: str) -> APIError:
+    """Map rank 0's Error for a request to the HTTP error the client gets."""
+    if error.code == "prompt_too_long":
+        return APIError(400, error.message, param=prompt_param, code="context_length_exceeded")
+    if error.code == "invalid_request":
+        return APIError(400, error.message)
+    if error.code in ("loading", "shutting_down"):
+        return unavailable(f"The ranks cannot take requests now: {error.message}", 5)
+    return APIError(
+        500, f"rank 0 failed the request: {error.message}", type="server_error", code=error.code
+    )
+
+
+class Generation:
+    """Submit one request to rank 0 and follow it to the end."""
+
+    def __init__(self, request: Request, submit: Submit, prompt_param: str) -> None:
+        state = request.app.state
+        self.request = request
+        self.client = state.rank_client
+        self.metrics = state.metrics
+        self.submit = submit
+        self.prompt_param = prompt_param
+        self.deadline = time.monotonic() + state.settings.request_timeout_seconds
+        self.timeout = state.settings.request_timeout_seconds
+        self.finished = False
+        self._queue: asyncio.Queue | None = None
+        self._disconnect: asyncio.Task | None = None
+        self._started_at = 0.0
+        self._last_text_at: float | None = None
+
+    async def start(self) -> Started:
+        """Submit and wait until rank 0 accepts the request (or refuses it)."""
+        self._started_at = time.monotonic()
+        try:
+            self._queue = await self.client.submit(self.submit)
+        except RanksUnavailable as exc:
+            message = f"The ranks are not available: {exc.message}."
+            raise unavailable(message, exc.retry_after) from None
+        self.metrics.in_flight.inc()
+        self._disconnect = asyncio.create_task(self._watch_disconnect())
+        message = await self._next()
+        if isinstance(message, Started):
+            self.metrics.tokens.labels("prompt").inc(message.prompt_tokens)
+            return message
+        self.finished = True
+        self.close()
+        if isinstance(message, Error):
+            raise rank_error(message, self.prompt_param)
+        raise APIError(
+            500,
+            f"rank 0 answered with {message.type} before started",
+            type="server_error",
+            code="protocol_error",
+        )
+
+    async def events(self) -> AsyncIterator[Delta | Done]:
+        """Deltas then Done; raises APIError on a rank error, a lost connection or timeout."""
+        try:
+            while True:
+                message = await self._next()
+                if isinstance(message, Delta):
+                    self._observe(message)
+                    yield message
+                elif isinstance(message, Done):
+                    self.finished = True
+                    if message.finish_reason == "cancelled":
+                        raise unavailable("The ranks cancelled the request (shutting down?).", 5)
+                    self.metrics.tokens.labels("completion").inc(message.usage.completion_tokens)
+                    yield message
+                    return
+                elif isinstance(message, Error):
+                    self.finished = True
+                    raise rank_error(message, self.prompt_param)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Idempotent: stop watching; cancel at rank 0 unless the request finished there."""
+        if self._queue is None:
+            return
+        self._queue = None
+        self.metrics.in_flight.dec()
+        if self._disconnect is not None:
+            self._disconnect.cancel()
+        self.client.release(self.submit.id, cancel=not self.finished)
+        if not self.finished:
+            log.info("request %s cancelled at rank 0", self.submit.id)
+
+    def _observe(self, delta: Delta) -> None:
+        now = time.monotonic()
+        if self._last_text_at is None:
+            self.metrics.ttft.observe(now - self._started_at)
+        else:
+            self.metrics.inter_token.observe(now - self._last_text_at)
+        self._last_text_at = now
+
+    async def _watch_disconnect(self) -> None:
+        while True:
+            message = await self.request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def _next(self) -> Any:
+        assert self._queue is not None
+        remaining = self.deadline - time.monotonic()
+        getter = asyncio.ensure_future(self._queue.get())
+        assert self._disconnect is not None
+        done, _ = await asyncio.wait(
+            {getter, self._disconnect},
+            timeout=max(remaining, 0),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if getter not in done:
+            getter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await getter
+            if self._disconnect in done:
+                self.close()
+                raise APIError(499, "The client closed the connection.", code="client_closed")
+            self.close()
+            raise APIError(
+                504,
+                f"The request did not finish within REQUEST_TIMEOUT_SECONDS={self.timeout:g} s; "
+                "it was cancelled. Ask for fewer tokens or raise the limit.",
+                type="timeout",
+                code="request_timeout",
+            )
+        message = getter.result()
+        if isinstance(message, ConnectionLost):
+            self.finished = True
+            self.close()
+            raise unavailable(f"The request was lost: {message.reason}.", 2)
+        return message

@@ -1,0 +1,72 @@
+"""GET /model/info and GET /cluster/status, from rank 0's Status."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from gateway.auth import require_api_key
+from gateway.errors import unavailable
+from gateway.schemas import error_responses
+
+router = APIRouter(tags=["cluster"], dependencies=[Depends(require_api_key)])
+
+
+@router.get("/model/info", responses=error_responses(401, 503))
+async def model_info(request: Request) -> dict:
+    """The served model: id, architecture, parameters, quantization, context, ranks, plan."""
+    client = request.app.state.rank_client
+    status = await client.fetch_status()
+    if status is None:
+        reason, retry = client.unavailable_reason() or ("no status from rank 0 yet", 2)
+        raise unavailable(f"The model is not known yet: {reason}.", retry)
+    info = status.model_info
+    return {
+        "id": status.model_id,
+        "architecture": info.get("architecture") or info.get("model_type"),
+        "parameters": info.get("parameters"),
+        "quantization": info.get("quantization"),
+        "context_length": status.max_sequence_length or info.get("context_length"),
+        "ranks": status.world_size,
+        "backend": status.backend,
+        "plan": status.plan,
+        "state": status.state,
+        "details": info,
+    }
+
+
+@router.get("/cluster/status", responses=error_responses(401))
+async def cluster_status(request: Request) -> dict:
+    """Hosts, ranks (share, memory), backend, last step time, active requests.
+
+    Answers 200 even when the ranks are down: `state` and `reason` say so, and `ranks`
+    holds the last known report (`stale`: true) so an operator sees what went missing.
+    """
+    client = request.app.state.rank_client
+    status = await client.fetch_status()
+    state, reason = client.health()
+    body: dict = {
+        "state": state,
+        "reason": reason,
+        "rank0_connected": client.connected,
+        "socket_path": str(client.socket_path),
+        "api_in_flight_requests": client.in_flight,
+    }
+    if status is None:
+        return body | {"ranks": [], "hosts": []}
+    ranks = [rank.model_dump() for rank in status.ranks]
+    reported = {rank.rank for rank in status.ranks}
+    return body | {
+        "stale": not client.connected,
+        "model": status.model_id,
+        "backend": status.backend,
+        "world_size": status.world_size,
+        "hosts": sorted({rank.host for rank in status.ranks}),
+        "ranks": ranks,
+        "missing_ranks": [r for r in range(status.world_size) if r not in reported],
+        "active_requests": status.active_requests,
+        "queued_requests": status.queued_requests,
+        "max_batch_size": status.max_batch_size,
+        "last_step_ms": status.last_step_ms,
+        "uptime_s": status.uptime_s,
+        "plan": status.plan,
+    }

@@ -1,0 +1,67 @@
+"""GET /metrics (Prometheus text) and the metric objects the other routers update."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+router = APIRouter(tags=["metrics"])
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """One registry per app, so several apps (tests) never clash."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "api_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.tokens = Counter(
+            "api_tokens", "Tokens processed, by kind (prompt, completion)", ["kind"], registry=r
+        )
+        self.ttft = Histogram(
+            "api_time_to_first_token_seconds",
+            "Seconds from submitting a request to its first text",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "api_inter_token_seconds",
+            "Seconds between successive text deltas of one request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Gauge(
+            "rank_batch_size", "Requests in rank 0's running batch (last status)", registry=r
+        )
+        self.queued = Gauge("rank_queued_requests", "Requests waiting at rank 0", registry=r)
+        self.in_flight = Gauge("api_in_flight_requests", "Generations in progress", registry=r)
+        self.ranks_up = Gauge("ranks_up", "1 when rank 0 is connected and ready", registry=r)
+        self.errors = Counter(
+            "api_errors",
+            "Error responses and stream errors, by type and code",
+            ["type", "code"],
+            registry=r,
+        )
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of the API's counters and the last rank status."""
+    state = request.app.state
+    status = state.rank_client.status
+    state.metrics.ranks_up.set(1 if state.rank_client.health()[0] == "ready" else 0)
+    if status is not None:
+        state.metrics.batch_size.set(status.active_requests)
+        state.metrics.queued.set(status.queued_requests)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
