@@ -1,0 +1,1 @@
+"""Group setup, step-plan broadcast, wake channel, watchdog, split planning and sharding."""

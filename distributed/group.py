@@ -1,0 +1,65 @@
+"""Initialise the MLX distributed group and describe this rank (host, rank, world size)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Who this process is inside the job."""
+
+    rank: int
+    world_size: int
+    host: str
+    backend: str
+
+    @property
+    def role(self) -> str:
+        """Short log role, e.g. `r0`."""
+        return f"r{self.rank}"
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def init_group(backend: str) -> tuple[mx.distributed.Group, RankIdentity]:
+    """Join the job's group with DISTRIBUTED_BACKEND (`any` lets MLX choose).
+
+    A single process started without mlx.launch gets a group of size 1.
+    """
+    group = mx.distributed.init(strict=False, backend=backend)
+    identity = RankIdentity(
+        rank=group.rank(),
+        world_size=group.size(),
+        host=socket.gethostname(),
+        backend=backend if group.size() > 1 else "single",
+    )
+    return group, identity
+
+
+def leader_address() -> str:
+    """Rank 0's IP as the other ranks reach it, from the launcher's environment.
+
+    ring: the first address of rank 0 in MLX_HOSTFILE; jaccl: MLX_JACCL_COORDINATOR;
+    otherwise 127.0.0.1 (all ranks on one host).
+    """
+    hostfile = os.environ.get("MLX_HOSTFILE", "")
+    if hostfile and os.path.isfile(hostfile):
+        try:
+            with open(hostfile) as handle:
+                hosts = json.load(handle)
+            first = hosts[0][0] if isinstance(hosts[0], list) else hosts[0]
+            return str(first).rsplit(":", 1)[0]
+        except (ValueError, IndexError, KeyError, TypeError):
+            pass
+    coordinator = os.environ.get("MLX_JACCL_COORDINATOR", "")
+    if coordinator:
+        return coordinator.rsplit(":", 1)[0]
+    return "127.0.0.1"

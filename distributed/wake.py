@@ -1,0 +1,129 @@
+"""Idle without spinning: a TCP side channel from rank 0 to every other rank.
+
+A rank blocked in a ring all_sum polls its socket and burns a core, so idle workers
+block in a plain `recv` on this channel instead. Rank 0 sends one byte to each worker
+before the first broadcast after an idle period. End of stream means rank 0 is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+
+from distributed.broadcast import Broadcaster
+
+WAKE_BYTE = b"w"
+_RANK = struct.Struct("<I")
+
+
+class WakeError(Exception):
+    """The channel could not be set up or rank 0 went away."""
+
+
+class WakeSender:
+    """Rank 0's end: one connection per worker."""
+
+    def __init__(self, connections: list[socket.socket]) -> None:
+        self.connections = connections
+
+    def wake(self) -> None:
+        """Wake every worker; they then join the next broadcast."""
+        for conn in self.connections:
+            conn.sendall(WAKE_BYTE)
+
+    def collect_ready(self) -> list[dict]:
+        """Block (no CPU) until every worker reported ready; their reports in rank order."""
+        reports = []
+        for rank, conn in enumerate(self.connections, start=1):
+            line = bytearray()
+            while not line.endswith(b"\n"):
+                chunk = conn.recv(4096)
+                if not chunk:
+                    raise WakeError(f"rank {rank} closed the wake channel before it was ready")
+                line += chunk
+            reports.append(json.loads(line))
+        return reports
+
+    def close(self) -> None:
+        for conn in self.connections:
+            conn.close()
+
+
+class WakeReceiver:
+    """A worker's end."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+
+    def wait(self) -> None:
+        """Block (no CPU) until rank 0 wakes us; WakeError when rank 0 is gone."""
+        try:
+            data = self.conn.recv(1)
+        except OSError as exc:
+            raise WakeError(f"wake channel to rank 0 failed: {exc}") from None
+        if not data:
+            raise WakeError("rank 0 closed the wake channel")
+
+    def send_ready(self, report: dict) -> None:
+        """Tell rank 0 this rank has loaded its part (one JSON line)."""
+        self.conn.sendall(json.dumps(report).encode() + b"\n")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _nodelay(conn: socket.socket) -> socket.socket:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def open_wake_channel(
+    broadcaster: Broadcaster, leader_ip: str, timeout_s: float = 60.0
+) -> WakeSender | WakeReceiver | None:
+    """Collective: rank 0 listens and broadcasts its port; the others connect.
+
+    Returns None for a group of one.
+    """
+    group = broadcaster.group
+    if group.size() == 1:
+        return None
+    if group.rank() == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((leader_ip, 0))
+        listener.listen(group.size())
+        address = f"{leader_ip}:{listener.getsockname()[1]}".encode()
+        broadcaster.broadcast(address, "wake channel address broadcast")
+        listener.settimeout(timeout_s)
+        connections: dict[int, socket.socket] = {}
+        try:
+            while len(connections) < group.size() - 1:
+                conn, _ = listener.accept()
+                conn.settimeout(timeout_s)
+                header = conn.recv(_RANK.size, socket.MSG_WAITALL)
+                conn.settimeout(None)
+                (rank,) = _RANK.unpack(header)
+                connections[rank] = _nodelay(conn)
+        except (TimeoutError, struct.error) as exc:
+            raise WakeError(
+                f"only {len(connections)} of {group.size() - 1} ranks connected to the "
+                f"wake channel on {address.decode()}: {exc}"
+            ) from None
+        finally:
+            listener.close()
+        return WakeSender([connections[rank] for rank in sorted(connections)])
+    address = broadcaster.broadcast(None, "wake channel address broadcast").decode()
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=5.0)
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise WakeError(f"cannot reach rank 0's wake channel at {address}: {exc}") from None
+            time.sleep(0.1)
+    conn.settimeout(None)
+    conn.sendall(_RANK.pack(group.rank()))
+    return WakeReceiver(_nodelay(conn))

@@ -1,0 +1,1 @@
+"""Model resolution, batch engine, sampler, scheduler."""

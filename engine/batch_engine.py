@@ -1,0 +1,183 @@
+"""Per-rank batch state: applies a step plan and runs the forward passes of one step.
+
+Every rank holds the same state in the same order. New sequences prefill alone with
+their own KV cache, in chunks under a per-step token budget (PREFILL_CHUNK_SIZE), so a
+long prompt never stalls the running batch for long; when a prompt is done its cache
+joins the decode batch (a left-padded BatchKVCache per layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine.step_plan import StepPlan, batch_fingerprint
+
+PHASE_PREFILL = 0
+PHASE_DECODE = 1
+
+
+def _cache_arrays(cache: list) -> list[mx.array]:
+    return [a for c in cache for a in (c.keys, c.values) if a is not None]
+
+
+class PlanMismatchError(Exception):
+    """This rank's batch differs from rank 0's; the job must stop."""
+
+
+@dataclass
+class _Prefill:
+    seq_id: int
+    tokens: list[int]
+    position: int = 0
+    cache: list = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    """Logits of every sequence that produced a next-token distribution this step.
+
+    `seq_ids[i]` owns row i of `logits`: first the decode batch, then sequences whose
+    prompt finished prefilling this step (they join the decode batch in that order).
+    """
+
+    seq_ids: list[int]
+    logits: mx.array | None
+    prefill_tokens: int = 0
+
+
+class BatchEngine:
+    """The batch every rank steps in lock-step."""
+
+    def __init__(
+        self,
+        model: Callable,
+        prefill_chunk_size: int,
+        guard: Callable[[str], object] | None = None,
+    ) -> None:
+        self.model = model
+        self.prefill_chunk_size = prefill_chunk_size
+        self._guard = guard
+        self.step_index = 0
+        self.decode_ids: list[int] = []
+        self.decode_lengths: list[int] = []
+        self._decode_cache: list | None = None
+        self._next_tokens: list[int] = []
+        self.prefilling: list[_Prefill] = []
+
+    # ---- bookkeeping -------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Sequences held (decoding and prefilling)."""
+        return len(self.decode_ids) + len(self.prefilling)
+
+    def fingerprint(self) -> int:
+        """Digest of the batch this rank holds now (before the next plan)."""
+        pairs = zip(self.decode_ids, self.decode_lengths, strict=True)
+        entries = [(s, PHASE_DECODE, n) for s, n in pairs]
+        entries += [(p.seq_id, PHASE_PREFILL, p.position) for p in self.prefilling]
+        return batch_fingerprint(self.step_index, entries)
+
+    def check(self, plan: StepPlan) -> None:
+        """Raise PlanMismatchError when rank 0's batch is not ours."""
+        if plan.step != self.step_index or plan.fingerprint != self.fingerprint():
+            raise PlanMismatchError(
+                f"batch fingerprint mismatch at step {self.step_index} (plan step "
+                f"{plan.step}): this rank holds {len(self.decode_ids)} decoding "
+                f"{self.decode_ids[:8]} and {len(self.prefilling)} prefilling sequences, "
+                "which differs from rank 0's batch"
+            )
+
+    def apply(self, plan: StepPlan) -> None:
+        """Remove, set the next tokens, queue inserts (no compute yet)."""
+        removes = set(plan.removes)
+        if removes:
+            self.prefilling = [p for p in self.prefilling if p.seq_id not in removes]
+            keep = [i for i, s in enumerate(self.decode_ids) if s not in removes]
+            if len(keep) != len(self.decode_ids):
+                self.decode_ids = [self.decode_ids[i] for i in keep]
+                self.decode_lengths = [self.decode_lengths[i] for i in keep]
+                if not keep:
+                    self._decode_cache = None
+                else:
+                    index = mx.array(keep)
+                    for layer in self._decode_cache:
+                        layer.filter(index)
+        if len(plan.tokens) != len(self.decode_ids):
+            raise PlanMismatchError(
+                f"plan for step {plan.step} carries {len(plan.tokens)} next tokens for "
+                f"a decode batch of {len(self.decode_ids)} on this rank"
+            )
+        self._next_tokens = list(plan.tokens)
+        for insert in plan.inserts:
+            self.prefilling.append(_Prefill(insert.seq_id, insert.tokens))
+
+    # ---- compute -----------------------------------------------------------------
+
+    def _forward(self, tokens: mx.array, cache: list) -> mx.array:
+        return self.model(tokens, cache=cache)[:, -1, :]
+
+    def run(self) -> StepResult:
+        """Decode one token for the batch and prefill up to the chunk budget; eval all."""
+        rows: list[mx.array] = []
+        seq_ids = list(self.decode_ids)
+        if self.decode_ids:
+            inputs = mx.array(self._next_tokens, dtype=mx.uint32)[:, None]
+            rows.append(self._forward(inputs, self._decode_cache))
+            self.decode_lengths = [n + 1 for n in self.decode_lengths]
+        budget = self.prefill_chunk_size
+        finished: list[tuple[_Prefill, mx.array]] = []
+        prefill_tokens = 0
+        for entry in self.prefilling:
+            if budget <= 0:
+                break
+            if not entry.cache:
+                entry.cache = make_prompt_cache(self.model)
+            end = min(len(entry.tokens), entry.position + budget)
+            chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
+            logits = self._forward(chunk, entry.cache)
+            budget -= end - entry.position
+            prefill_tokens += end - entry.position
+            entry.position = end
+            if end == len(entry.tokens):
+                finished.append((entry, logits))
+            else:
+                # Evaluate per chunk so the lazy graph of a long prompt stays small.
+                self._eval(_cache_arrays(entry.cache))
+        for entry, logits in finished:
+            rows.append(logits)
+            seq_ids.append(entry.seq_id)
+        logits = mx.concatenate(rows, axis=0) if rows else None
+        pending = [a for e, _ in finished for a in _cache_arrays(e.cache)]
+        if logits is not None:
+            self._eval([logits, *pending])
+        for entry, _ in finished:
+            self._join(entry)
+        self.step_index += 1
+        return StepResult(seq_ids, logits, prefill_tokens)
+
+    def _eval(self, arrays: list) -> None:
+        if self._guard is None:
+            mx.eval(arrays)
+        else:
+            with self._guard("forward pass (all_sum inside sharded layers)"):
+                mx.eval(arrays)
+
+    def _join(self, entry: _Prefill) -> None:
+        self.prefilling.remove(entry)
+        merged = [layer.merge([layer]) for layer in entry.cache]
+        if self._decode_cache is None:
+            self._decode_cache = merged
+        else:
+            for mine, theirs in zip(self._decode_cache, merged, strict=True):
+                mine.extend(theirs)
+        self.decode_ids.append(entry.seq_id)
+        self.decode_lengths.append(len(entry.tokens))
+
+    def advance_idle(self) -> None:
+        """Count a step that ran no compute (sleep/stop plans) so step numbers agree."""
+        self.step_index += 1

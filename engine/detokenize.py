@@ -1,0 +1,79 @@
+"""Incremental detokenization that never splits a UTF-8 character across deltas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into text deltas.
+
+    Decodes a short window of recent tokens (so merges at token boundaries come out
+    right) and holds back text while it ends in an incomplete character.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token: int) -> str:
+        """Append a token; return the new complete text (possibly empty)."""
+        self.tokens.append(token)
+        before = self._decode(self.tokens[self._prefix : self._read])
+        after = self._decode(self.tokens[self._prefix :])
+        if after.endswith(_REPLACEMENT) or len(after) <= len(before):
+            return ""
+        delta = after[len(before) :]
+        self._prefix = self._read
+        self._read = len(self.tokens)
+        return delta
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end (may contain U+FFFD for bad bytes)."""
+        before = self._decode(self.tokens[self._prefix : self._read])
+        after = self._decode(self.tokens[self._prefix :])
+        self._prefix = self._read = len(self.tokens)
+        return after[len(before) :] if len(after) > len(before) else ""
+
+
+class StopFilter:
+    """Holds back text that may be the start of a stop string; finds the first stop.
+
+    `push(text)` returns (text safe to send now, True when a stop string was hit); after
+    a hit the returned text ends just before the stop string.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        self._pending += text
+        hits = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out = self._pending[: min(hits)]
+            self._pending = ""
+            return out, True
+        hold = 0
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(self._pending)), 0, -1):
+                if self._pending.endswith(stop[:size]):
+                    hold = max(hold, size)
+                    break
+        cut = len(self._pending) - hold
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        """Release held-back text at the end of a request that did not stop on a string."""
+        out, self._pending = self._pending, ""
+        return out

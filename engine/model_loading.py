@@ -1,0 +1,71 @@
+"""Load this rank's model: the split planner + sharded loader when present, else replicated.
+
+The replicated fallback loads the full model on every rank (correct lock-step, no
+memory saving); it disappears once `distributed.plan` and `distributed.loader` exist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from config import Settings
+
+log = logging.getLogger("ring.model")
+
+
+@dataclass
+class ModelInfo:
+    """What status reports about the loaded model."""
+
+    model_id: str
+    path: str
+    config: dict
+    plan: dict = field(default_factory=dict)
+    share: str = "full model (replicated)"
+
+
+def resolve_model_dir(settings: Settings) -> Path:
+    """MODEL as an MLX directory: engine.model_source when present, else a local path."""
+    try:
+        from engine.model_source import resolve_model
+    except ImportError:
+        path = Path(settings.model).expanduser()
+        if not (path / "config.json").is_file():
+            raise SystemExit(
+                f"error: MODEL={settings.model!r} is not a local MLX model directory "
+                "(config.json missing) and engine.model_source is not available"
+            ) from None
+        return path
+    return Path(resolve_model(settings))
+
+
+def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[Any, Any, ModelInfo]:
+    """(model, tokenizer or None off rank 0, info). Every rank calls this in lock-step."""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    model_dir = resolve_model_dir(settings)
+    config = json.loads((model_dir / "config.json").read_text())
+    info = ModelInfo(model_id=settings.model or model_dir.name, path=str(model_dir), config=config)
+    try:
+        if os.environ.get("RING_REPLICATED") == "1":
+            raise ImportError("replicated loading forced by RING_REPLICATED=1")
+        from distributed.loader import load_rank_model
+        from distributed.plan import make_plan
+    except ImportError:
+        model, _ = load_model(model_dir, lazy=False)
+        log.info("loaded the full model from %s (replicated; no split planner yet)", model_dir)
+    else:
+        weights = settings.parsed_rank_weights(group.size())
+        plan = make_plan(config, group.size(), weights, settings.parallelism)
+        model = load_rank_model(model_dir, group, plan)
+        info.plan = plan.model_dump() if hasattr(plan, "model_dump") else {}
+        info.share = f"rank {group.rank()} of plan {type(plan).__name__}"
+    tokenizer = load_tokenizer(model_dir) if group.rank() == 0 else None
+    return model, tokenizer, info

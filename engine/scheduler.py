@@ -1,0 +1,284 @@
+"""Rank 0's scheduler: request queue, admission, step plans, sampling results -> messages.
+
+Only rank 0 runs this. It turns socket events into step plans and the logits of each
+step into Delta/Done messages, enforcing EOS, max_tokens, stop strings and the
+prompt-length limit (a refused prompt is answered here and never broadcast).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from engine.batch_engine import BatchEngine, StepResult
+from engine.detokenize import IncrementalDecoder, StopFilter
+from engine.sampler import RequestSampler, Sample
+from engine.step_plan import Insert, StepPlan
+from ipc.protocol import (
+    Delta,
+    Done,
+    Error,
+    Started,
+    Submit,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+Outbox = list[tuple[Any, Any]]  # (connection key, message)
+
+
+@dataclass
+class Request:
+    """One request's state on rank 0."""
+
+    conn: Any
+    id: str
+    seq_id: int
+    prompt: list[int]
+    submit: Submit
+    sampler: RequestSampler
+    decoder: IncrementalDecoder
+    stops: StopFilter
+    arrived: float
+    generated: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    unsent_ids: list[int] = field(default_factory=list)
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: str | None = None
+
+
+class Scheduler:
+    """Queue and batch decisions; every method runs on rank 0's main thread."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_batch_size: int,
+        max_sequence_length: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_sequence_length = max_sequence_length
+        self.eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        if tokenizer.eos_token_id is not None:
+            self.eos_ids.add(tokenizer.eos_token_id)
+        self.queue: deque[Request] = deque()
+        self.active: dict[int, Request] = {}
+        self.by_key: dict[tuple[Any, str], Request] = {}
+        self.to_remove: list[int] = []
+        self.next_token: dict[int, int] = {}
+        self._seq_ids = itertools.count(1)
+        self.outbox: Outbox = []
+
+    # ---- events from the socket ------------------------------------------------------
+
+    def _encode(self, submit: Submit) -> list[int]:
+        if submit.messages is not None:
+            messages = [m.model_dump() for m in submit.messages]
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(submit.prompt or ""))
+
+    def submit(self, conn: Any, submit: Submit) -> None:
+        """Validate, tokenize and queue a request, answering Started or Error."""
+        key = (conn, submit.id)
+        if key in self.by_key:
+            message = f"request id {submit.id!r} is already running on this connection"
+            self.outbox.append((conn, Error(id=submit.id, code="duplicate_id", message=message)))
+            return
+        if (submit.messages is None) == (submit.prompt is None):
+            message = "give exactly one of 'messages' (chat) or 'prompt' (completion)"
+            self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
+            return
+        try:
+            prompt = self._encode(submit)
+        except Exception as exc:  # a template or tokenizer rejecting this input
+            message = f"cannot tokenize the prompt: {exc}"
+            self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
+            return
+        limit = self.max_sequence_length - submit.params.max_tokens
+        if not prompt or len(prompt) > limit:
+            message = (
+                f"the prompt has {len(prompt)} tokens; with max_tokens="
+                f"{submit.params.max_tokens} it must have between 1 and {max(limit, 0)} "
+                f"(MAX_SEQUENCE_LENGTH={self.max_sequence_length})"
+            )
+            self.outbox.append((conn, Error(id=submit.id, code="prompt_too_long", message=message)))
+            return
+        request = Request(
+            conn=conn,
+            id=submit.id,
+            seq_id=next(self._seq_ids),
+            prompt=prompt,
+            submit=submit,
+            sampler=RequestSampler(submit.params, prompt),
+            decoder=IncrementalDecoder(self.tokenizer),
+            stops=StopFilter(submit.params.stop),
+            arrived=time.monotonic(),
+        )
+        self.by_key[key] = request
+        self.queue.append(request)
+        self.outbox.append((conn, Started(id=submit.id, prompt_tokens=len(prompt))))
+
+    def cancel(self, conn: Any, request_id: str, notify: bool = True) -> None:
+        """Drop a request wherever it is; it leaves the batch at the next step."""
+        request = self.by_key.get((conn, request_id))
+        if request is None or request.finished:
+            return
+        if request in self.queue:
+            self.queue.remove(request)
+        self._finish(request, "cancelled", notify=notify)
+
+    def connection_closed(self, conn: Any) -> None:
+        """Cancel every request of a connection that went away."""
+        for key in [k for k in self.by_key if k[0] == conn]:
+            self.cancel(conn, key[1], notify=False)
+
+    def cancel_all(self, reason: str = "cancelled") -> None:
+        for request in list(self.by_key.values()):
+            if request in self.queue:
+                self.queue.remove(request)
+            self._finish(request, reason)
+
+    # ---- step plans --------------------------------------------------------------
+
+    def has_work(self, engine: BatchEngine) -> bool:
+        return bool(self.queue or self.to_remove or engine.size)
+
+    def build_plan(self, engine: BatchEngine) -> StepPlan:
+        """The next plan: removes, next tokens of the decode batch, admitted inserts."""
+        removes, self.to_remove = self.to_remove, []
+        removed = set(removes)
+        tokens = [self.next_token.pop(s) for s in engine.decode_ids if s not in removed]
+        for seq_id in removed:
+            self.next_token.pop(seq_id, None)
+        room = self.max_batch_size - (engine.size - len(removed))
+        inserts = []
+        while self.queue and room > 0:
+            request = self.queue.popleft()
+            self.active[request.seq_id] = request
+            inserts.append(Insert(request.seq_id, request.prompt))
+            room -= 1
+        return StepPlan(
+            step=engine.step_index,
+            fingerprint=engine.fingerprint(),
+            removes=removes,
+            tokens=tokens,
+            inserts=inserts,
+        )
+
+    def idle_plan(self, engine: BatchEngine, stop: bool = False) -> StepPlan:
+        """A plan that runs no compute: all ranks go to sleep (or stop)."""
+        return StepPlan(
+            step=engine.step_index,
+            fingerprint=engine.fingerprint(),
+            sleep=not stop,
+            stop=stop,
+        )
+
+    # ---- results -----------------------------------------------------------------
+
+    def on_result(self, result: StepResult) -> None:
+        """Sample every row, stream deltas, finish requests that are done."""
+        if result.logits is None:
+            return
+        rows = np.array(result.logits.astype(mx.float32))
+        now = time.monotonic()
+        for row, seq_id in zip(rows, result.seq_ids, strict=True):
+            request = self.active.get(seq_id)
+            if request is None or request.finished:
+                self.next_token[seq_id] = 0  # removed next step; any token will do
+                continue
+            self._accept(request, request.sampler.sample(row), now)
+
+    def _accept(self, request: Request, sample: Sample, now: float) -> None:
+        if request.first_token_at is None:
+            request.first_token_at = now
+        token = sample.token
+        request.generated.append(token)
+        self.next_token[request.seq_id] = token
+        request.unsent_ids.append(token)
+        if sample.logprob is not None:
+            request.unsent_logprobs.append(self._logprob(token, sample))
+        if token in self.eos_ids:
+            self._emit(request, request.stops.flush(), final=True)
+            self._finish(request, "stop")
+            return
+        text, hit = request.stops.push(request.decoder.add(token))
+        if hit:
+            self._emit(request, text, final=True)
+            self._finish(request, "stop")
+        elif len(request.generated) >= request.submit.params.max_tokens:
+            tail, _ = request.stops.push(request.decoder.flush())
+            self._emit(request, text + tail + request.stops.flush(), final=True)
+            self._finish(request, "length")
+        else:
+            self._emit(request, text, final=False)
+
+    def _logprob(self, token: int, sample: Sample) -> TokenLogprob:
+        def piece(t: int) -> tuple[str, list[int]]:
+            text = self.tokenizer.decode([t])
+            return text, list(text.encode("utf-8", errors="replace"))
+
+        text, raw = piece(token)
+        top = []
+        for t, lp in sample.top:
+            top_text, top_raw = piece(t)
+            top.append(TopLogprob(token=top_text, logprob=lp, bytes=top_raw))
+        return TokenLogprob(token=text, logprob=sample.logprob, bytes=raw, top_logprobs=top)
+
+    def _emit(self, request: Request, text: str, final: bool) -> None:
+        if not (text or request.unsent_logprobs or (final and request.unsent_ids)):
+            return
+        delta = Delta(
+            id=request.id,
+            text=text,
+            token_ids=request.unsent_ids,
+            logprobs=request.unsent_logprobs or None,
+        )
+        request.unsent_ids, request.unsent_logprobs = [], []
+        self.outbox.append((request.conn, delta))
+
+    def _finish(self, request: Request, reason: str, notify: bool = True) -> None:
+        request.finished = reason
+        self.by_key.pop((request.conn, request.id), None)
+        if request.seq_id in self.active:
+            del self.active[request.seq_id]
+            self.to_remove.append(request.seq_id)
+        if notify:
+            self.outbox.append((request.conn, self._done(request, reason)))
+
+    def _done(self, request: Request, reason: str) -> Done:
+        end = time.monotonic()
+        first = request.first_token_at or end
+        ttft = first - request.arrived
+        completion = len(request.generated)
+        decode_time = end - first
+        prompt_tokens = len(request.prompt)
+        return Done(
+            id=request.id,
+            finish_reason=reason,
+            usage=Usage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion,
+                total_tokens=prompt_tokens + completion,
+            ),
+            timings=Timings(
+                time_to_first_token_s=ttft,
+                prompt_tokens_per_second=prompt_tokens / ttft if ttft > 0 else 0.0,
+                generation_tokens_per_second=(
+                    (completion - 1) / decode_time if completion > 1 and decode_time > 0 else 0.0
+                ),
+                total_time_s=end - request.arrived,
+            ),
+        )

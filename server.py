@@ -1,0 +1,239 @@
+"""Entry for every rank: group setup, model load, the lock-step step loop.
+
+Rank 0 owns the socket, tokenizer, scheduler and sampler; it broadcasts one step plan
+per step and every rank applies it and runs the forward pass. Idle ranks block on the
+wake channel (no spinning); SIGTERM or a shutdown message ends every rank with exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import sys
+import time
+
+import mlx.core as mx
+
+from config import Settings, load_settings
+from config.logging_setup import setup_logging
+from distributed.broadcast import Broadcaster
+from distributed.group import RankIdentity, init_group, leader_address
+from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
+from distributed.watchdog import CollectiveWatchdog
+from engine.batch_engine import BatchEngine, PlanMismatchError
+from engine.model_loading import ModelInfo, load_for_rank
+from engine.scheduler import Scheduler
+from engine.step_plan import PlanDecodeError, StepPlan
+from ipc.protocol import RankStatus, Status
+from ipc.server import Event, SocketServer
+
+EXIT_DIVERGED = 4
+EXIT_LEADER_GONE = 5
+log = logging.getLogger("ring")
+
+
+def _detach_stdin() -> None:
+    """Close the pipe mlx.launch relays stdin into (it busy-loops while that stays open)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def _die(code: int, message: str) -> None:
+    log.error(message)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(code)
+
+
+class Leader:
+    """Rank 0: socket events -> scheduler -> plans; results -> messages."""
+
+    def __init__(self, settings: Settings, ident: RankIdentity) -> None:
+        self.settings = settings
+        self.ident = ident
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.state = "loading"
+        self.started = time.monotonic()
+        self.info: ModelInfo | None = None
+        self.ranks: list[RankStatus] = [RankStatus(rank=0, host=ident.host)]
+        self.scheduler: Scheduler | None = None
+        self.engine: BatchEngine | None = None
+        self.last_step_ms: float | None = None
+        self.socket = SocketServer(settings.socket_path, self.events, self.status, self.model_id)
+        self.stop_conns: list[int] = []
+
+    def model_id(self) -> str:
+        return self.info.model_id if self.info else self.settings.model
+
+    def status(self) -> Status:
+        """Snapshot for the socket thread (reads plain attributes only)."""
+        scheduler, engine = self.scheduler, self.engine
+        config = self.info.config if self.info else {}
+        keys = (
+            "model_type",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+        )
+        return Status(
+            state=self.state,
+            model_id=self.model_id(),
+            model_info={k: config[k] for k in keys if k in config}
+            | ({"path": self.info.path} if self.info else {}),
+            backend=self.ident.backend,
+            world_size=self.ident.world_size,
+            plan=self.info.plan if self.info else {},
+            ranks=self.ranks,
+            active_requests=engine.size if engine else 0,
+            queued_requests=len(scheduler.queue) if scheduler else 0,
+            max_batch_size=self.settings.max_batch_size,
+            last_step_ms=self.last_step_ms,
+            max_sequence_length=self.settings.max_sequence_length,
+            uptime_s=time.monotonic() - self.started,
+        )
+
+    def _handle(self, event: Event) -> None:
+        if event.kind == "submit":
+            self.scheduler.submit(event.conn, event.message)
+        elif event.kind == "cancel":
+            self.scheduler.cancel(event.conn, event.message.id)
+        elif event.kind == "closed":
+            self.scheduler.connection_closed(event.conn)
+        elif event.kind == "shutdown":
+            if self.state != "stopping":
+                log.info("shutdown requested; stopping every rank")
+            self.state = "stopping"
+            self.socket.stopping = True
+            if event.conn is not None:
+                self.stop_conns.append(event.conn)
+
+    def _flush(self) -> None:
+        if self.scheduler.outbox:
+            self.socket.send(self.scheduler.outbox)
+            self.scheduler.outbox = []
+
+    def run(self, engine: BatchEngine, broadcaster: Broadcaster, wake: WakeSender | None) -> None:
+        scheduler, events = self.scheduler, self.events
+        sleeping = True
+
+        def send(plan: StepPlan) -> None:
+            nonlocal sleeping
+            if sleeping and wake is not None:
+                try:
+                    wake.wake()
+                except OSError as exc:
+                    _die(EXIT_LEADER_GONE, f"a worker rank is gone (wake channel: {exc})")
+            sleeping = plan.sleep or plan.stop
+            broadcaster.broadcast(plan.encode())
+            engine.apply(plan)
+
+        while True:
+            if not scheduler.has_work(engine) and self.state != "stopping":
+                if not sleeping:
+                    send(scheduler.idle_plan(engine))
+                    engine.advance_idle()
+                self._handle(events.get())
+            while True:
+                try:
+                    self._handle(events.get_nowait())
+                except queue.Empty:
+                    break
+            if self.state == "stopping":
+                scheduler.cancel_all()
+                self._flush()
+                send(scheduler.idle_plan(engine, stop=True))
+                return
+            self._flush()
+            if not scheduler.has_work(engine):
+                continue
+            started = time.perf_counter()
+            plan = scheduler.build_plan(engine)
+            if not plan.inserts and engine.size == len(set(plan.removes)):
+                plan.sleep = True
+            send(plan)
+            if plan.sleep:
+                engine.advance_idle()
+                continue
+            scheduler.on_result(engine.run())
+            self._flush()
+            self.last_step_ms = (time.perf_counter() - started) * 1000
+
+
+def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiver) -> None:
+    while True:
+        try:
+            wake.wait()
+        except WakeError as exc:
+            _die(EXIT_LEADER_GONE, f"{exc}; this rank exits")
+        while True:
+            try:
+                plan = StepPlan.decode(broadcaster.broadcast(None))
+                engine.check(plan)
+                engine.apply(plan)
+            except (PlanDecodeError, PlanMismatchError) as exc:
+                _die(EXIT_DIVERGED, f"stopping the job: {exc}")
+            if plan.stop:
+                log.info("stop plan received; exiting")
+                return
+            if plan.sleep:
+                engine.advance_idle()
+                break
+            engine.run()
+
+
+def main() -> int:
+    _detach_stdin()
+    settings = load_settings()
+    group, ident = init_group(settings.distributed_backend)
+    setup_logging(settings.log_level, ident.role)
+    log.info(
+        "rank %d of %d on %s (backend %s)", ident.rank, ident.world_size, ident.host, ident.backend
+    )
+    watchdog = CollectiveWatchdog(settings.collective_timeout_seconds)
+    broadcaster = Broadcaster(group, watchdog)
+    leader = Leader(settings, ident) if ident.is_leader else None
+    if leader:
+        leader.socket.start()
+        signal.signal(signal.SIGTERM, lambda *_: leader.events.put(Event("shutdown")))
+        signal.signal(signal.SIGINT, lambda *_: leader.events.put(Event("shutdown")))
+    try:
+        wake = open_wake_channel(broadcaster, leader_address())
+        model, tokenizer, info = load_for_rank(settings, group)
+    except WakeError as exc:
+        _die(EXIT_LEADER_GONE, str(exc))
+    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
+    memory = mx.get_active_memory()
+    if not leader:
+        assert isinstance(wake, WakeReceiver)
+        wake.send_ready(
+            {"rank": ident.rank, "host": ident.host, "share": info.share, "memory_bytes": memory}
+        )
+        log.info("ready; waiting for work")
+        _worker_loop(engine, broadcaster, wake)
+        return 0
+    reports = wake.collect_ready() if wake is not None else []
+    leader.info = info
+    leader.ranks = [RankStatus(rank=0, host=ident.host, share=info.share, memory_bytes=memory)]
+    leader.ranks += [
+        RankStatus(**{k: r[k] for k in ("rank", "host", "share", "memory_bytes")}) for r in reports
+    ]
+    leader.scheduler = Scheduler(tokenizer, settings.max_batch_size, settings.max_sequence_length)
+    leader.engine = engine
+    leader.state = "ready"
+    leader.socket.accepting = True
+    log.info(
+        "ready: %s on %d rank(s); socket %s", info.model_id, ident.world_size, settings.socket_path
+    )
+    leader.run(engine, broadcaster, wake)
+    leader.socket.close()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Start N ranks of server.py with mlx.launch on 127.0.0.1, for tests and helpers.
+
+    with Cluster(model_dir, ranks=2, env={"MAX_BATCH_SIZE": "8"}) as cluster:
+        status = cluster.status()
+        with cluster.client() as client: ...
+
+Each cluster has its own temp dir (socket, log file, empty env file), a random ring
+port, and its own process group, which teardown kills if a clean stop takes too long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from ipc.client import ClientError, RankClient, get_status, wait_ready
+from ipc.protocol import Shutdown, Status
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+VENV_BIN = PROJECT_DIR / ".venv" / "bin"
+OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
+
+
+class ClusterError(Exception):
+    """The ranks did not come up; the message carries the log tail."""
+
+
+class Cluster:
+    """A local multi-rank server.py job (ring backend on 127.0.0.1)."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        ranks: int = 2,
+        env: dict[str, str] | None = None,
+        workdir: Path | None = None,
+        ready_timeout: float = 180.0,
+    ) -> None:
+        self.model = str(model)
+        self.ranks = ranks
+        self.extra_env = dict(env or {})
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ring-cluster-")
+        self.workdir = Path(workdir or self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.socket_path = self.workdir / "rank0.sock"
+        self.log_path = self.workdir / "cluster.log"
+        self.ready_timeout = ready_timeout
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            MODEL=self.model,
+            SOCKET_PATH=str(self.socket_path),
+            ENV_FILE=str(self.workdir / "no.env"),  # ignore the project's .env
+            PYTHONUNBUFFERED="1",
+        )
+        if OPENBLAS.exists() and "LD_PRELOAD" not in env:
+            env["LD_PRELOAD"] = str(OPENBLAS)
+        env.update(self.extra_env)
+        return env
+
+    def command(self) -> list[str]:
+        return [
+            str(VENV_BIN / "mlx.launch"),
+            "--backend",
+            "ring",
+            "-n",
+            str(self.ranks),
+            "--hosts",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "--python",
+            str(VENV_BIN / "python"),
+            "--",
+            str(PROJECT_DIR / "server.py"),
+        ]
+
+    def start(self) -> Status:
+        """Launch and wait until rank 0 says ready; ClusterError with the log tail if not."""
+        self.port = random.randint(20000, 60000 - self.ranks)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=PROJECT_DIR,
+            env=self.environment(),
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            if self.process.poll() is not None:
+                raise ClusterError(
+                    f"mlx.launch exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                status = wait_ready(self.socket_path, min(2.0, deadline - time.monotonic()))
+                break
+            except ClientError as exc:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ClusterError(f"{exc}\n{self.log_tail()}") from None
+        # The ranks closed their stdin; one byte makes mlx.launch stop relaying it
+        # (otherwise it busy-loops). Our end of the pipe stays open, without EOF.
+        with contextlib.suppress(OSError):
+            self.process.stdin.write(b"\n")
+            self.process.stdin.flush()
+        return status
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Ask rank 0 to stop every rank; kill the process group if that takes too long."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            with (
+                contextlib.suppress(ClientError, OSError),
+                RankClient(self.socket_path, timeout=2.0) as client,
+            ):
+                client.send(Shutdown())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL whatever is left of this cluster's process group."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        self._log.close()
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    # ---- helpers -----------------------------------------------------------------
+
+    def client(self, timeout: float | None = 60.0) -> RankClient:
+        """A new connection to rank 0 (hello already done)."""
+        return RankClient(self.socket_path, timeout)
+
+    def status(self) -> Status:
+        return get_status(self.socket_path)
+
+    def rank_pids(self) -> dict[int, int]:
+        """{rank: pid} of the server.py processes (children of mlx.launch)."""
+        pids: dict[int, int] = {}
+        if self.process is None:
+            return pids
+        children: list[int] = []
+        for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children += map(int, (task / "children").read_text().split())
+        for pid in children:
+            with contextlib.suppress(OSError):
+                for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    if item.startswith(b"MLX_RANK="):
+                        pids[int(item[9:])] = pid
+        return pids
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
