@@ -57,13 +57,6 @@ def sampling_params(
     state: Any, body: _Sampling, max_tokens: int | None, logprobs: bool, top_logprobs: int
 ) -> SamplingParams:
     """Validated protocol parameters; 400 for what pydantic cannot see alone."""
-    if body.n != 1:
-        raise APIError(
-            400,
-            f"n={body.n} is not supported: this server returns one choice per request; "
-            "send n=1 and repeat the request for more choices.",
-            param="n",
-        )
     settings = state.settings
     status = state.rank_client.status
     context = (status.max_sequence_length if status else 0) or settings.max_sequence_length

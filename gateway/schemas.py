@@ -80,6 +80,16 @@ class _Sampling(_Request):
             raise ValueError("stop sequences must not be empty strings")
         return value
 
+    @field_validator("n")
+    @classmethod
+    def _check_n(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"n={value} is not supported: this server returns one choice per request; "
+                "send n=1 and repeat the request for more choices"
+            )
+        return value
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []

@@ -1,0 +1,94 @@
+"""Start the real api.py as a subprocess on a free port, wait until it answers, stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ApiProcess:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+def start_api(env: dict[str, str], log_path: Path, timeout: float = 30.0) -> ApiProcess:
+    """Run `python api.py` with `env` added to a clean environment (no .env file read)."""
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "ENV_FILE": str(log_path.parent / "no-such.env"),
+        "API_HOST": "127.0.0.1",
+        "API_PORT": str(port),
+        **env,
+    }
+    log_file = log_path.open("ab")
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_DIR / "api.py")],
+        cwd=PROJECT_DIR,
+        env=full_env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log_file.close()
+    api = ApiProcess(process, port, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"api.py exited with {process.returncode}:\n{api.log()[-2000:]}")
+        try:
+            if httpx.get(f"{api.base_url}/health/live", timeout=1).status_code == 200:
+                return api
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    api.stop()
+    raise RuntimeError(f"api.py did not answer within {timeout} s:\n{api.log()[-2000:]}")
+
+
+@contextmanager
+def running_api(env: dict[str, str], log_path: Path) -> Iterator[ApiProcess]:
+    api = start_api(env, log_path)
+    try:
+        yield api
+    finally:
+        api.stop()
