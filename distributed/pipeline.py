@@ -1,0 +1,108 @@
+"""Pipeline parallelism for llama/qwen2/qwen3: one contiguous range of layers per rank.
+
+Rank 0 embeds the tokens and runs the first layers, each later rank receives the hidden
+state from its left ring neighbour and sends its own to the right; the last stage
+applies the final norm to the last position and sends the result back to rank 0 (its
+right ring neighbour): logits when it holds an untied head, else the normed hidden state,
+to which rank 0 applies the tied embedding head. Every rank returns logits shaped
+[B, 1, V]; they are correct on rank 0 only, and evaluating them on any rank performs
+that rank's sends and receives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from distributed.plan import Plan
+
+
+class PipelineStage(nn.Module):
+    """This rank's stage of a llama-style model, called like an mlx-lm model."""
+
+    def __init__(self, model: nn.Module, plan: Plan, group: mx.distributed.Group):
+        super().__init__()
+        if plan.strategy != "pipeline" or group.size() != plan.world_size:
+            raise ValueError(f"not a pipeline plan for {group.size()} ranks: {plan.strategy}")
+        inner = model.model
+        self.args = model.args
+        self.model_type = getattr(model, "model_type", plan.shape.model_type)
+        self.group = group
+        self.rank, self.world = group.rank(), group.size()
+        share = plan.ranks[self.rank]
+        self.first, self.last = self.rank == 0, self.rank == self.world - 1
+        self.tied = plan.shape.tie_word_embeddings
+        self.vocab_size = plan.shape.vocab_size
+        self.hidden_size = plan.shape.hidden_size
+        embed = inner.embed_tokens
+        # Every stage must agree on the dtype of the hidden state it sends and receives.
+        self.hidden_dtype = (embed.scales if hasattr(embed, "scales") else embed.weight).dtype
+        self.sliding_window = getattr(inner, "sliding_window", None)
+        start, end = share.layers
+        self.layers = inner.layers[start:end]
+        if share.embeddings:
+            self.embed_tokens = embed
+        if self.last:
+            self.norm = inner.norm
+        if share.head and not self.tied:
+            self.lm_head = model.lm_head
+        self.layer_range = (start, end)
+
+    def make_cache(self) -> list[Any]:
+        """One cache per local layer (a rotating one for sliding-window layers)."""
+        return [
+            RotatingKVCache(max_size=self.sliding_window)
+            if getattr(layer, "use_sliding", False)
+            else KVCache()
+            for layer in self.layers
+        ]
+
+    def _run_layers(self, h: mx.array, cache: list[Any]) -> mx.array:
+        masks: dict[bool, Any] = {}
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            sliding = bool(getattr(layer, "use_sliding", False))
+            if sliding not in masks:
+                window = self.sliding_window if sliding else None
+                masks[sliding] = create_attention_mask(h, layer_cache, window_size=window)
+            h = layer(h, masks[sliding], cache=layer_cache)
+        return h
+
+    def _head(self, h: mx.array) -> mx.array:
+        if self.tied:
+            return self.embed_tokens.as_linear(h)
+        return self.lm_head(h)
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
+        batch, length = inputs.shape[:2]
+        # Later stages never read the tokens; if they came from a collective (rank 0's
+        # broadcast), evaluating them here keeps every rank in that collective before any
+        # rank blocks in a receive.
+        mx.eval(inputs)
+        cache = cache if cache is not None else [None] * len(self.layers)
+        if self.first:
+            h = self.embed_tokens(inputs)
+        else:
+            shape = (batch, length, self.hidden_size)
+            h = mx.distributed.recv(shape, self.hidden_dtype, self.rank - 1, group=self.group)
+        h = self._run_layers(h, cache)
+        logits_shape = (batch, 1, self.vocab_size)
+        if not self.last:
+            sent = mx.distributed.send(h, self.rank + 1, group=self.group)
+            if not self.first:
+                return mx.depends(mx.zeros(logits_shape), sent)
+            # Send before waiting on the last stage's reply, or the two would deadlock.
+            mx.eval(sent)
+            width = self.hidden_size if self.tied else self.vocab_size
+            back = mx.distributed.recv(
+                (batch, 1, width), mx.float32, self.world - 1, group=self.group
+            )
+            return self._head(back.astype(self.hidden_dtype)) if self.tied else back
+        out = self.norm(h[:, -1:, :])
+        if not self.tied:
+            out = self.lm_head(out)
+        sent = mx.distributed.send(out.astype(mx.float32), 0, group=self.group)
+        return mx.depends(mx.zeros(logits_shape), sent)

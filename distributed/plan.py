@@ -1,0 +1,415 @@
+"""Split planner: which KV-head groups, query heads, MLP columns and layers each rank holds.
+
+`make_plan` reads only the model config, so a split that cannot be honoured is refused
+(with the reason and the alternatives that would work) before any weight loads.
+Shares follow the rank weights by the largest-remainder method, at least one unit per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+# Families whose blocks have q/k/v/o_proj + gate/up/down_proj and the llama-style layer loop.
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILY_ALIASES = {"mistral": "llama"}
+Parallelism = Literal["auto", "tensor", "pipeline"]
+Strategy = Literal["single", "tensor-even", "tensor-uneven", "pipeline"]
+
+
+class PlanError(ValueError):
+    """A split that cannot be honoured; the message says why and what would work."""
+
+
+class ModelShape(BaseModel):
+    """The parts of a model config that decide how it can be split."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_type: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_layers: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    group_size: int | None = None
+    bits: int | None = None
+
+    @property
+    def family(self) -> str:
+        return FAMILY_ALIASES.get(self.model_type, self.model_type)
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    @property
+    def mlp_unit(self) -> int:
+        """MLP columns move in whole quantization groups (1 column for float weights)."""
+        return self.group_size if self.quantized and self.group_size else 1
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelShape:
+        """Read a Hugging Face / mlx-lm config.json dictionary."""
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            quant = config.get("quantization") or config.get("quantization_config") or {}
+            return cls(
+                model_type=str(config.get("model_type", "unknown")),
+                hidden_size=hidden,
+                num_heads=heads,
+                num_kv_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                intermediate_size=int(config["intermediate_size"]),
+                num_layers=int(config["num_hidden_layers"]),
+                vocab_size=int(config.get("vocab_size", 0)),
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+                group_size=int(quant["group_size"]) if quant.get("bits") else None,
+                bits=int(quant["bits"]) if quant.get("bits") else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"model config cannot be planned: missing or bad field {exc}") from None
+
+
+class RankShare(BaseModel):
+    """One rank's part. Ranges are [start, end) in units of heads, columns or layers."""
+
+    rank: int
+    weight: float
+    kv_heads: tuple[int, int]
+    q_heads: tuple[int, int]
+    mlp_columns: tuple[int, int]
+    layers: tuple[int, int]
+    embeddings: bool
+    head: bool
+
+
+class Plan(BaseModel):
+    """The whole split; `model_dump()` is what /cluster/status shows."""
+
+    strategy: Strategy
+    requested: Parallelism
+    world_size: int
+    weights: list[float]
+    shape: ModelShape
+    ranks: list[RankShare]
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.strategy in ("tensor-even", "tensor-uneven")
+
+    def describe(self) -> list[str]:
+        """One headline plus one line per rank, for logs and the CLI."""
+        s = self.shape
+        quant = f"{s.bits}-bit, group {s.group_size}" if s.quantized else "float"
+        lines = [
+            f"plan {self.strategy} (asked {self.requested}) for {s.model_type} on "
+            f"{self.world_size} rank(s), weights {','.join(f'{w:g}' for w in self.weights)}: "
+            f"{s.num_heads} q / {s.num_kv_heads} kv heads x {s.head_dim}, mlp "
+            f"{s.intermediate_size}, {s.num_layers} layers, {quant}"
+        ]
+        for r in self.ranks:
+            if self.is_tensor:
+                body = (
+                    f"kv heads {_span(r.kv_heads)}, q heads {_span(r.q_heads)}, "
+                    f"mlp columns {_span(r.mlp_columns)}, all {s.num_layers} layers"
+                )
+            else:
+                body = f"layers {_span(r.layers)}"
+            extras = [name for name, on in (("embeddings", r.embeddings), ("head", r.head)) if on]
+            if extras:
+                body += " + " + " + ".join(extras)
+            lines.append(f"  rank {r.rank} (weight {r.weight:g}): {body}")
+        return lines
+
+
+def _span(span: tuple[int, int]) -> str:
+    start, end = span
+    return f"{start}-{end - 1} ({end - start})" if end - start != 1 else f"{start} (1)"
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """Split `total` units by weight: largest remainder, then at least one unit per rank."""
+    if total < len(weights):
+        raise ValueError(f"cannot give {len(weights)} ranks at least one of {total} units")
+    scale = total / sum(weights)
+    ideal = [w * scale for w in weights]
+    shares = [math.floor(x) for x in ideal]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(ideal[i] - shares[i]), i))
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    for i in range(len(shares)):
+        if shares[i] == 0:
+            donor = max(
+                (j for j in range(len(shares)) if shares[j] > 1),
+                key=lambda j: (shares[j] - ideal[j], -j),
+            )
+            shares[donor] -= 1
+            shares[i] = 1
+    return shares
+
+
+def _ranges(shares: list[int], unit: int = 1) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for share in shares:
+        out.append((start * unit, (start + share) * unit))
+        start += share
+    return out
+
+
+def _tensor_problems(shape: ModelShape, world: int, weights: list[float]) -> list[str]:
+    """Reasons a tensor split cannot be honoured (empty when it can)."""
+    problems = []
+    if shape.num_heads % shape.num_kv_heads:
+        problems.append(
+            f"{shape.num_heads} query heads do not group evenly over {shape.num_kv_heads} KV heads"
+        )
+    if world > shape.num_kv_heads:
+        problems.append(
+            f"tensor parallel gives each rank whole KV heads: the model has "
+            f"{shape.num_kv_heads} KV heads, fewer than {world} ranks"
+        )
+    unit = shape.mlp_unit
+    if shape.intermediate_size % unit:
+        problems.append(
+            f"intermediate size {shape.intermediate_size} is not a whole number of "
+            f"quantization groups of {unit}"
+        )
+    elif shape.intermediate_size // unit < world:
+        problems.append(
+            f"{shape.intermediate_size // unit} MLP units of {unit} columns, "
+            f"fewer than {world} ranks"
+        )
+    if problems or not shape.quantized:
+        return problems
+    per_kv = shape.num_heads // shape.num_kv_heads * shape.head_dim
+    for start, _ in _ranges(apportion(shape.num_kv_heads, weights))[1:]:
+        column = start * per_kv
+        if column % unit:
+            problems.append(
+                f"the o_proj split at input column {column} would cut a quantization group "
+                f"of {unit} ({per_kv} columns per KV-head group)"
+            )
+            break
+    return problems
+
+
+def _pipeline_problems(shape: ModelShape, world: int) -> list[str]:
+    if world > shape.num_layers:
+        return [f"pipeline gives each rank whole layers: {shape.num_layers} layers, {world} ranks"]
+    return []
+
+
+def _is_even(shape: ModelShape, world: int, weights: list[float]) -> bool:
+    if len(set(weights)) != 1:
+        return False
+    counts = (shape.num_kv_heads, shape.num_heads, shape.intermediate_size)
+    if any(count % world for count in counts):
+        return False
+    if shape.quantized:
+        unit = shape.mlp_unit
+        per_rank = (shape.intermediate_size // world, shape.num_heads * shape.head_dim // world)
+        return all(cols % unit == 0 for cols in per_rank)
+    return True
+
+
+def _alternatives(shape: ModelShape, world: int, weights: list[float], failed: str) -> list[str]:
+    """What would work instead, for the refusal message."""
+    out = []
+    if failed != "tensor" and not _tensor_problems(shape, world, weights):
+        out.append(f"PARALLELISM=tensor works with {world} ranks")
+    if failed != "pipeline" and not _pipeline_problems(shape, world):
+        out.append(f"PARALLELISM=pipeline works with {world} ranks")
+    if failed == "tensor":
+        fits = [n for n in range(2, world) if not _tensor_problems(shape, n, [1.0] * n)]
+        if fits:
+            out.append(f"tensor parallel works with NUM_DEVICES in {fits} (equal weights)")
+    elif failed == "pipeline":
+        out.append(f"pipeline works with at most {shape.num_layers} ranks")
+    out.append("NUM_DEVICES=1 always works if the model fits one machine")
+    return out
+
+
+def _refuse(reasons: list[str], alternatives: list[str]) -> PlanError:
+    return PlanError("; ".join(reasons) + ". What would work: " + "; ".join(alternatives))
+
+
+def _check_weights(world_size: int, weights: list[float] | None) -> list[float]:
+    if weights is None:
+        return [1.0] * world_size
+    weights = [float(w) for w in weights]
+    if len(weights) != world_size:
+        raise PlanError(
+            f"{len(weights)} rank weights given for {world_size} ranks; give exactly one "
+            f"positive weight per rank (e.g. RANK_WEIGHTS={','.join(['1'] * world_size)}) "
+            "or none for equal shares"
+        )
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise PlanError(f"rank weights {weights} must all be positive numbers, e.g. 2,1,1")
+    return weights
+
+
+def make_plan(
+    config: dict, world_size: int, weights: list[float] | None, parallelism: str = "auto"
+) -> Plan:
+    """Plan the split of `config`'s model over `world_size` ranks, or raise PlanError."""
+    if world_size < 1:
+        raise PlanError(f"world size {world_size} must be at least 1")
+    if parallelism not in ("auto", "tensor", "pipeline"):
+        raise PlanError(f"PARALLELISM={parallelism!r} must be one of auto, tensor, pipeline")
+    weights = _check_weights(world_size, weights)
+    shape = ModelShape.from_config(config)
+    layers_all = (0, shape.num_layers)
+    if world_size == 1:
+        share = RankShare(
+            rank=0,
+            weight=weights[0],
+            kv_heads=(0, shape.num_kv_heads),
+            q_heads=(0, shape.num_heads),
+            mlp_columns=(0, shape.intermediate_size),
+            layers=layers_all,
+            embeddings=True,
+            head=True,
+        )
+        return Plan(
+            strategy="single",
+            requested=parallelism,
+            world_size=1,
+            weights=weights,
+            shape=shape,
+            ranks=[share],
+        )
+    if shape.family not in SUPPORTED_FAMILIES:
+        raise PlanError(
+            f"model type {shape.model_type!r} cannot be split: tensor and pipeline "
+            f"parallelism support {', '.join(SUPPORTED_FAMILIES)}. What would work: NUM_DEVICES=1"
+        )
+    tensor_problems = _tensor_problems(shape, world_size, weights)
+    pipeline_problems = _pipeline_problems(shape, world_size)
+    if parallelism == "tensor" and tensor_problems:
+        raise _refuse(tensor_problems, _alternatives(shape, world_size, weights, "tensor"))
+    if parallelism == "pipeline" and pipeline_problems:
+        raise _refuse(pipeline_problems, _alternatives(shape, world_size, weights, "pipeline"))
+    if parallelism == "auto" and tensor_problems and pipeline_problems:
+        raise _refuse(
+            tensor_problems + pipeline_problems,
+            _alternatives(shape, world_size, weights, "both"),
+        )
+    use_tensor = parallelism == "tensor" or (parallelism == "auto" and not tensor_problems)
+    if use_tensor:
+        return _tensor_plan(shape, world_size, weights, parallelism)
+    return _pipeline_plan(shape, world_size, weights, parallelism)
+
+
+def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+    group = shape.num_heads // shape.num_kv_heads
+    kv = _ranges(apportion(shape.num_kv_heads, weights))
+    unit = shape.mlp_unit
+    mlp = _ranges(apportion(shape.intermediate_size // unit, weights), unit)
+    ranks = [
+        RankShare(
+            rank=r,
+            weight=weights[r],
+            kv_heads=kv[r],
+            q_heads=(kv[r][0] * group, kv[r][1] * group),
+            mlp_columns=mlp[r],
+            layers=(0, shape.num_layers),
+            embeddings=True,
+            head=True,
+        )
+        for r in range(world)
+    ]
+    strategy = "tensor-even" if _is_even(shape, world, weights) else "tensor-uneven"
+    return Plan(
+        strategy=strategy,
+        requested=asked,
+        world_size=world,
+        weights=weights,
+        shape=shape,
+        ranks=ranks,
+    )
+
+
+def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+    layers = _ranges(apportion(shape.num_layers, weights))
+    last = world - 1
+    # A tied head is the embedding matrix, which rank 0 already holds: it applies the head
+    # to the final hidden state the last stage sends back, so nothing is stored twice.
+    head_rank = 0 if shape.tie_word_embeddings else last
+    ranks = [
+        RankShare(
+            rank=r,
+            weight=weights[r],
+            kv_heads=(0, shape.num_kv_heads),
+            q_heads=(0, shape.num_heads),
+            mlp_columns=(0, shape.intermediate_size),
+            layers=layers[r],
+            embeddings=r == 0,
+            head=r == head_rank,
+        )
+        for r in range(world)
+    ]
+    return Plan(
+        strategy="pipeline",
+        requested=asked,
+        world_size=world,
+        weights=weights,
+        shape=shape,
+        ranks=ranks,
+    )
+
+
+def parse_weights(text: str) -> list[float] | None:
+    """`2,1,1` -> [2.0, 1.0, 1.0]; empty -> None (equal shares)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise PlanError(f"weights {text!r} must be comma-separated numbers like 2,1,1") from None
+
+
+def _config_for(model: str) -> dict:
+    path = Path(model)
+    if (path / "config.json").is_file():
+        return json.loads((path / "config.json").read_text())
+    # Not an MLX directory: let the model resolver import or download it.
+    from config.settings import load_settings
+    from engine.model_source import resolve_model
+
+    directory = resolve_model(load_settings(model=model))
+    return json.loads((Path(directory) / "config.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print the split plan for a model.")
+    parser.add_argument("--model", required=True, help="MLX model directory (or MODEL value)")
+    parser.add_argument("--world", type=int, required=True, help="number of ranks")
+    parser.add_argument("--weights", default="", help="per-rank weights, e.g. 2,1,1")
+    parser.add_argument("--parallelism", default="auto", choices=["auto", "tensor", "pipeline"])
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = parser.parse_args(argv)
+    try:
+        plan = make_plan(
+            _config_for(args.model), args.world, parse_weights(args.weights), args.parallelism
+        )
+    except PlanError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    print(plan.model_dump_json(indent=2) if args.json else "\n".join(plan.describe()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

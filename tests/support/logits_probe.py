@@ -1,0 +1,119 @@
+"""Run under mlx.launch (or alone for the single-rank reference): load models per plan and
+record rank-0 logits, so the tests can compare sharded runs with one rank.
+
+    logits_probe.py SPEC.json OUT_DIR
+
+SPEC: {"prompt": [ids], "others": [[ids], ...], "steps": 32, "batch_steps": 6,
+       "cases": [{"name", "model", "parallelism", "weights"}]}.
+For each case, rank 0 writes OUT_DIR/<name>.npz with:
+  prompt_logits  last-position logits of the prompt (KVCache prefill)
+  tokens         `steps` greedy tokens after it, and step_logits their logits
+  padded_logits  last-position logits of prompt+others, left-padded, through BatchKVCache
+  batch_logits   `batch_steps` greedy decode steps of the sequences prefilled one by one
+                 with KVCache and merged into a BatchKVCache (as the engine does)
+Every rank writes OUT_DIR/<name>.rank<r>.json with its plan line and weight bytes.
+A single process (world 1) ignores the cases' parallelism and weights: it is the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+PROJECT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(PROJECT))
+
+from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
+from distributed.plan import make_plan  # noqa: E402
+
+
+def _last(model, tokens: mx.array, cache) -> mx.array:
+    logits = model(tokens, cache=cache)[:, -1, :].astype(mx.float32)
+    mx.eval(logits)
+    return logits
+
+
+def _agree(tokens: mx.array, group) -> mx.array:
+    """Rank 0's tokens on every rank (rank 0 decides, as in the engine)."""
+    if group.size() == 1:
+        return tokens
+    mine = tokens if group.rank() == 0 else mx.zeros_like(tokens)
+    return mx.distributed.all_sum(mine, group=group)
+
+
+def run_case(case: dict, spec: dict, group, out: Path) -> None:
+    model_dir = Path(case["model"])
+    config = json.loads((model_dir / "config.json").read_text())
+    world = group.size()
+    if world == 1:
+        plan = make_plan(config, 1, None, "auto")
+    else:
+        plan = make_plan(config, world, case.get("weights"), case.get("parallelism", "auto"))
+    model = load_rank_model(model_dir, group, plan)
+    info = {
+        "plan": plan.describe(),
+        "strategy": plan.strategy,
+        "weight_bytes": weight_bytes(model),
+        "active_bytes": mx.get_active_memory(),
+    }
+    (out / f"{case['name']}.rank{group.rank()}.json").write_text(json.dumps(info))
+
+    prompt = mx.array(spec["prompt"])[None]
+    cache = make_prompt_cache(model)
+    logits = _last(model, prompt, cache)
+    prompt_logits, step_logits, tokens = logits, [], []
+    for _ in range(spec["steps"]):
+        token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
+        tokens.append(token)
+        logits = _last(model, token[:, None], cache)
+        step_logits.append(logits)
+
+    sequences = [spec["prompt"], *spec["others"]]
+    longest = max(len(s) for s in sequences)
+    padding = [longest - len(s) for s in sequences]
+    padded = mx.array([[0] * p + s for p, s in zip(padding, sequences, strict=True)])
+    batch_cache = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
+    padded_logits = _last(model, padded, batch_cache)
+
+    singles = []
+    last = []
+    for sequence in sequences:
+        seq_cache = make_prompt_cache(model)
+        last.append(_last(model, mx.array(sequence)[None], seq_cache))
+        singles.append(seq_cache)
+    merged = [KVCache.merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+    logits = mx.concatenate(last, axis=0)
+    batch_logits = []
+    for _ in range(spec["batch_steps"]):
+        token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
+        logits = _last(model, token[:, None], merged)
+        batch_logits.append(logits)
+
+    if group.rank() == 0:
+        np.savez(
+            out / f"{case['name']}.npz",
+            prompt_logits=np.array(prompt_logits),
+            step_logits=np.array(mx.concatenate(step_logits)),
+            tokens=np.array(mx.concatenate(tokens)),
+            padded_logits=np.array(padded_logits),
+            batch_logits=np.array(mx.stack(batch_logits)),
+        )
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    group = mx.distributed.init(strict=False, backend="ring")
+    for case in spec["cases"]:
+        run_case(case, spec, group, out)
+        print(f"rank {group.rank()}: case {case['name']} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
