@@ -130,7 +130,8 @@ class Leader:
                     _die(EXIT_LEADER_GONE, f"a worker rank is gone (wake channel: {exc})")
             sleeping = plan.sleep or plan.stop
             broadcaster.broadcast(plan.encode())
-            engine.apply(plan)
+            if not plan.stop:
+                engine.apply(plan)
 
         while True:
             if not scheduler.has_work(engine) and self.state != "stopping":
@@ -174,12 +175,12 @@ def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiv
             try:
                 plan = StepPlan.decode(broadcaster.broadcast(None))
                 engine.check(plan)
+                if plan.stop:
+                    log.info("stop plan received; exiting")
+                    return
                 engine.apply(plan)
             except (PlanDecodeError, PlanMismatchError) as exc:
                 _die(EXIT_DIVERGED, f"stopping the job: {exc}")
-            if plan.stop:
-                log.info("stop plan received; exiting")
-                return
             if plan.sleep:
                 engine.advance_idle()
                 break

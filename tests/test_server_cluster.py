@@ -1,0 +1,339 @@
+"""Real multi-rank runs: 2 ranks of server.py over the ring backend on 127.0.0.1.
+
+One cluster per model for the whole module (a tiny random model, and the default
+SmolLM2 model when it can be resolved); separate short-lived clusters for SIGTERM and
+the collective watchdog, since those end the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from ipc.client import RankClient
+from ipc.framing import encode_frame
+from ipc.protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Delta,
+    Done,
+    Error,
+    Hello,
+    SamplingParams,
+    Started,
+    Submit,
+)
+from tests.support.cluster import Cluster
+from tests.support.tiny_models import SPECIAL_TOKENS, write_tiny_model
+
+pytestmark = pytest.mark.cluster
+
+CLUSTER_ENV = {
+    "MAX_BATCH_SIZE": "8",
+    "PREFILL_CHUNK_SIZE": "16",
+    "MAX_SEQUENCE_LENGTH": "512",
+    "DEFAULT_MAX_TOKENS": "64",
+}
+
+
+def write_model_without_eos(directory: Path) -> Path:
+    """A tiny model whose special tokens score 0, so greedy decoding never ends early."""
+    write_tiny_model(directory)
+    path = directory / "model.safetensors"
+    weights = mx.load(str(path))
+    head = weights["lm_head.weight"]
+    first = 256  # special tokens follow the 256 byte tokens
+    head[first : first + len(SPECIAL_TOKENS)] = 0.0
+    weights["lm_head.weight"] = head
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    model = write_model_without_eos(tmp_path_factory.mktemp("tiny"))
+    with Cluster(model, ranks=2, env=CLUSTER_ENV) as running:
+        yield running
+
+
+# ---- helpers -------------------------------------------------------------------------
+
+
+def run_requests(client: RankClient, submits: list[Submit], cancel_after: dict | None = None):
+    """Send all submits, collect text and the final message of each."""
+    cancel_after = cancel_after or {}
+    for submit in submits:
+        client.send(submit)
+    texts = {s.id: "" for s in submits}
+    tokens = {s.id: [] for s in submits}
+    final: dict[str, Done | Error] = {}
+    while len(final) < len(submits):
+        message = client.recv()
+        assert message is not None, "rank 0 closed the connection"
+        if isinstance(message, Delta):
+            texts[message.id] += message.text
+            tokens[message.id] += message.token_ids
+            limit = cancel_after.get(message.id)
+            if limit is not None and len(tokens[message.id]) >= limit:
+                client.send(Cancel(id=message.id))
+                cancel_after.pop(message.id)
+        elif isinstance(message, Done | Error):
+            final[message.id] = message
+        else:
+            assert isinstance(message, Started)
+    return texts, tokens, final
+
+
+def greedy(request_id: str, prompt: str, max_tokens: int, **params) -> Submit:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)
+    return Submit(id=request_id, prompt=prompt, params=sampling)
+
+
+def mixed_batch(prefix: str = "") -> list[Submit]:
+    """Eight requests of different lengths and parameters (the first one greedy)."""
+    submits = [greedy(f"{prefix}g", "The quick brown fox", 24)]
+    for i in range(1, 8):
+        sampling = SamplingParams(
+            max_tokens=6 + 3 * i,
+            temperature=0.5 + 0.1 * i,
+            top_p=0.9,
+            top_k=i * 10,
+            min_p=0.01 * i,
+            seed=i,
+            presence_penalty=0.1 * i,
+            frequency_penalty=0.05 * i,
+            repetition_penalty=1.0 + 0.05 * i,
+            logprobs=i % 2 == 0,
+            top_logprobs=i % 3,
+        )
+        if i % 2:
+            submits.append(Submit(id=f"{prefix}{i}", prompt="x" * (7 * i), params=sampling))
+        else:
+            messages = [{"role": "user", "content": "Tell me about rings " * i}]
+            submits.append(Submit(id=f"{prefix}{i}", messages=messages, params=sampling))
+    return submits
+
+
+# ---- tests on the shared cluster ----------------------------------------------------
+
+
+def test_status_reports_two_ready_ranks(cluster):
+    status = cluster.status()
+    assert status.state == "ready"
+    assert status.world_size == 2
+    assert [r.rank for r in status.ranks] == [0, 1]
+    assert status.max_batch_size == 8
+    assert oct(os.stat(cluster.socket_path).st_mode & 0o777) == "0o600"
+
+
+def test_eight_concurrent_requests_finish(cluster):
+    submits = mixed_batch()
+    with cluster.client() as client:
+        texts, tokens, final = run_requests(client, submits)
+    for submit in submits:
+        done = final[submit.id]
+        assert isinstance(done, Done), done
+        max_tokens = submit.params.max_tokens
+        assert done.usage.completion_tokens == len(tokens[submit.id]) <= max_tokens
+        assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+        assert done.finish_reason == ("length" if len(tokens[submit.id]) == max_tokens else "stop")
+        assert done.timings.time_to_first_token_s > 0
+    assert final["g"].finish_reason == "length" and len(tokens["g"]) == 24
+
+
+def test_greedy_output_same_alone_and_in_a_batch(cluster):
+    with cluster.client() as client:
+        _, alone, _ = run_requests(client, [greedy("alone", "The quick brown fox", 24)])
+        _, batched, _ = run_requests(client, mixed_batch("b"))
+    assert alone["alone"] == batched["bg"]
+
+
+def test_logprobs_come_with_each_token(cluster):
+    submit = greedy("lp", "abc", 5, logprobs=True, top_logprobs=2)
+    with cluster.client() as client:
+        client.send(submit)
+        deltas = []
+        while not isinstance(message := client.recv(), Done):
+            if isinstance(message, Delta):
+                deltas.append(message)
+    logprobs = [lp for d in deltas for lp in d.logprobs or []]
+    assert len(logprobs) == 5
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in logprobs)
+    # greedy: the chosen token is the most likely one
+    assert all(lp.logprob == pytest.approx(lp.top_logprobs[0].logprob) for lp in logprobs)
+
+
+def test_cancel_frees_the_slot_while_others_finish(cluster):
+    submits = [greedy("long", "cancel me", 400)] + mixed_batch("c")[1:4]
+    with cluster.client() as client:
+        _, tokens, final = run_requests(client, submits, cancel_after={"long": 5})
+    assert final["long"].finish_reason == "cancelled"
+    assert len(tokens["long"]) < 400
+    assert all(isinstance(final[s.id], Done) for s in submits[1:])
+    assert all(final[s.id].finish_reason != "cancelled" for s in submits[1:])
+    assert _eventually_idle(cluster)
+
+
+def test_closed_connection_cancels_its_requests(cluster):
+    client = cluster.client()
+    client.send(greedy("gone", "bye", 400))
+    assert isinstance(client.recv(), Started)
+    while not isinstance(client.recv(), Delta):
+        pass
+    client.close()
+    assert _eventually_idle(cluster)
+
+
+def test_stop_sequences_and_max_tokens_hold(cluster):
+    with cluster.client() as client:
+        texts, tokens, final = run_requests(client, [greedy("free", "stop here", 32)])
+        full = texts["free"]
+        assert final["free"].finish_reason == "length" and len(tokens["free"]) == 32
+        clean = [i for i in range(4, len(full) - 2) if "\ufffd" not in full[i : i + 2]]
+        assert clean, f"no usable stop string in {full!r}"
+        stop = full[clean[0] : clean[0] + 2]
+        texts, _, final = run_requests(client, [greedy("stopped", "stop here", 32, stop=[stop])])
+    assert final["stopped"].finish_reason == "stop"
+    assert texts["stopped"] == full[: full.index(stop)]
+
+
+def test_prompt_too_long_is_refused_at_rank_0(cluster):
+    with cluster.client() as client:
+        _, _, final = run_requests(client, [greedy("big", "y" * 600, 8)])
+    assert isinstance(final["big"], Error) and final["big"].code == "prompt_too_long"
+    assert "MAX_SEQUENCE_LENGTH=512" in final["big"].message
+
+
+def _raw_connection(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(path))
+    sock.sendall(encode_frame(Hello(protocol_version=PROTOCOL_VERSION)))
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack(">I", 9) + b"not json!",
+        struct.pack(">I", 2**31) + b"x" * 16,
+        encode_frame(Cancel(id="x")).replace(b"cancel", b"cancek"),
+        struct.pack(">I", 100) + b"short",
+    ],
+    ids=["garbage", "oversized", "unknown-type", "cut-short"],
+)
+def test_malformed_frames_are_rejected_and_next_request_served(cluster, frame):
+    with cluster.client() as bystander:
+        bystander.send(greedy("bystander", "still here", 16))
+        sock = _raw_connection(cluster.socket_path)
+        sock.sendall(frame)
+        sock.shutdown(socket.SHUT_WR)
+        reply = _read_until_closed(sock)
+        sock.close()
+        assert b'"bad_frame"' in reply
+        done = None
+        while not isinstance(done, Done):
+            done = bystander.recv()
+        assert done.id == "bystander" and done.usage.completion_tokens == 16
+    with cluster.client() as client:
+        _, tokens, final = run_requests(client, [greedy("after", "next", 4)])
+    assert final["after"].finish_reason == "length" and len(tokens["after"]) == 4
+
+
+def test_wrong_protocol_version_is_refused(cluster):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(cluster.socket_path))
+    sock.sendall(encode_frame(Hello(protocol_version=PROTOCOL_VERSION + 1)))
+    reply = _read_until_closed(sock)
+    sock.close()
+    assert b'"protocol_version"' in reply
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _eventually_idle(cluster: Cluster, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = cluster.status()
+        if status.active_requests == 0 and status.queued_requests == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_idle_ranks_do_not_spin(cluster):
+    assert _eventually_idle(cluster)
+    pids = cluster.rank_pids() | {"launcher": cluster.process.pid}
+    before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(3.0)
+    used = {name: (_cpu_seconds(pid) - before[name]) / 3.0 for name, pid in pids.items()}
+    assert all(share < 0.05 for share in used.values()), used
+
+
+# ---- clusters that end ----------------------------------------------------------------
+
+
+def test_sigterm_to_rank_0_ends_every_rank(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny")
+    with Cluster(model, ranks=2, env=CLUSTER_ENV) as cluster:
+        pids = cluster.rank_pids()
+        client = cluster.client()
+        client.send(greedy("running", "go", 400))
+        assert isinstance(client.recv(), Started)
+        started = time.monotonic()
+        os.kill(pids[0], signal.SIGTERM)
+        assert cluster.process.wait(10) == 0
+        assert time.monotonic() - started < 5
+        for pid in pids.values():
+            assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
+        log = cluster.log_path.read_text()
+    # mlx.launch exits 0 even when a rank fails, so the log is the witness.
+    assert "r1 INFO stop plan received; exiting" in log, log
+    assert "exited with code" not in log, log
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_stuck_collective_ends_the_rank(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny")
+    env = CLUSTER_ENV | {"COLLECTIVE_TIMEOUT_SECONDS": "2"}
+    with Cluster(model, ranks=2, env=env) as cluster:
+        pids = cluster.rank_pids()
+        os.kill(pids[1], signal.SIGSTOP)  # rank 1 will never join the next broadcast
+        try:
+            client = cluster.client()
+            client.send(greedy("stuck", "go", 8))
+            deadline = time.monotonic() + 15
+            while not _is_zombie(pids[0]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            rank_0_ended = _is_zombie(pids[0])
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+        cluster.process.wait(10)
+        log = cluster.log_path.read_text()
+    assert rank_0_ended, log
+    assert "Node with rank 0 exited with code 3" in log, log
+    assert "collective 'plan broadcast' did not finish within COLLECTIVE_TIMEOUT_SECONDS" in log
