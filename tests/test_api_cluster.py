@@ -1,0 +1,295 @@
+"""The real api.py in front of real ranks (2 ranks, ring, 127.0.0.1, tiny model), driven
+with the `openai` SDK and httpx. One cluster for the module; the last test kills it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.support.api_server import running_api, start_api
+from tests.support.cluster import Cluster
+from tests.support.tiny_models import write_tiny_model
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a colour."},
+]
+PROMPT = "The quick brown fox"
+# Greedy on the tiny model, this prompt loops without EOS: a stream that lasts seconds.
+LONG = {"model": "default", "prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    with Cluster(model_dir, ranks=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api(cluster, tmp_path_factory):
+    log = tmp_path_factory.mktemp("api-cluster") / "api.log"
+    env = {"SOCKET_PATH": str(cluster.socket_path), "REQUEST_TIMEOUT_SECONDS": "120"}
+    with running_api(env, log) as process:
+        wait_ready(process.base_url)
+        yield process
+
+
+@pytest.fixture(scope="module")
+def sdk(api):
+    return openai.OpenAI(base_url=f"{api.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def wait_ready(base_url: str, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = httpx.get(f"{base_url}/health", timeout=5)
+        if response.status_code == 200:
+            return response.json()
+        assert time.monotonic() < deadline, response.text
+        time.sleep(0.1)
+
+
+def active_requests(base_url: str) -> int:
+    return httpx.get(f"{base_url}/cluster/status", timeout=5).json()["active_requests"]
+
+
+def wait_idle(base_url: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while active_requests(base_url) != 0:
+        assert time.monotonic() < deadline, "the request was not cancelled at rank 0"
+        time.sleep(0.1)
+
+
+def check_performance(performance: dict) -> None:
+    assert performance["time_to_first_token"] > 0
+    assert performance["prompt_tokens_per_second"] > 0
+    assert performance["generation_tokens_per_second"] > 0
+
+
+def test_chat_completion_matches_the_tokenizer(sdk, model_dir, tokenizer):
+    reply = sdk.chat.completions.create(
+        model="default", messages=MESSAGES, max_tokens=8, temperature=0
+    )
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert reply.model == str(model_dir) or reply.model.endswith(model_dir.name)
+    assert reply.system_fingerprint.startswith("fp_")
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    expected = len(tokenizer.encode(text, add_special_tokens=False))
+    assert reply.usage.prompt_tokens == expected
+    assert 1 <= reply.usage.completion_tokens <= 8
+    assert reply.usage.total_tokens == expected + reply.usage.completion_tokens
+    check_performance(reply.model_extra["performance"])
+
+
+def test_streamed_chat_equals_the_plain_answer_and_reports_usage(sdk):
+    plain = sdk.chat.completions.create(
+        model="default", messages=MESSAGES, max_tokens=8, temperature=0
+    )
+    stream = sdk.chat.completions.create(
+        model="default",
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == plain.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == plain.usage
+    assert all(c.usage is None for c in chunks[:-1])
+    check_performance(chunks[-1].model_extra["performance"])
+
+
+def test_text_completion_plain_and_streamed(sdk, tokenizer, api):
+    plain = sdk.completions.create(model="default", prompt=PROMPT, max_tokens=6, temperature=0)
+    assert plain.object == "text_completion"
+    assert plain.usage.prompt_tokens == len(tokenizer.encode(PROMPT))
+    chunks = list(
+        sdk.completions.create(
+            model="default", prompt=PROMPT, max_tokens=6, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    # The raw stream ends with the SSE terminator.
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 2, "stream": True}
+    raw = httpx.post(f"{api.base_url}/v1/completions", json=body, timeout=60).text
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
+def test_stop_sequence_cuts_the_text(sdk):
+    base = sdk.completions.create(model="default", prompt=PROMPT, max_tokens=24, temperature=0)
+    text = base.choices[0].text
+    stop = next((text[i : i + 2] for i in range(3, len(text) - 2) if text[i : i + 2].strip()), None)
+    assert stop, f"greedy text too short to pick a stop sequence: {text!r}"
+    cut = sdk.completions.create(
+        model="default", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+
+
+def test_same_seed_same_text_at_temperature_0_8(sdk):
+    def sample(seed: int) -> str:
+        reply = sdk.chat.completions.create(
+            model="default", messages=MESSAGES, max_tokens=12, temperature=0.8, seed=seed
+        )
+        return reply.choices[0].message.content
+
+    assert sample(1234) == sample(1234)
+
+
+def test_logprobs_shapes(sdk):
+    chat = sdk.chat.completions.create(
+        model="default",
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for item in content:
+        assert item.logprob <= 0 and isinstance(item.bytes, list)
+        assert len(item.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert item.logprob >= max(top.logprob for top in item.top_logprobs) - 1e-4
+    text = sdk.completions.create(
+        model="default", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2
+    )
+    logprobs = text.choices[0].logprobs
+    count = text.usage.completion_tokens
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == count
+    assert len(logprobs.top_logprobs) == len(logprobs.text_offset) == count
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+
+
+def test_model_names_and_listing(sdk, model_dir, api):
+    listed = sdk.models.list().data
+    assert len(listed) == 1
+    served = listed[0].id
+    for alias in (served, model_dir.name, "default"):
+        reply = sdk.completions.create(model=alias, prompt="a", max_tokens=1)
+        assert reply.model == served
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk.completions.create(model="gpt-4o", prompt="a", max_tokens=1)
+    assert caught.value.body["code"] == "model_not_found"
+
+
+def test_errors_from_the_ranks_and_limits(sdk, api):
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.completions.create(model="default", prompt="x" * 5000, max_tokens=4)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.completions.create(model="default", prompt="a", max_tokens=100_000)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.chat.completions.create(model="default", messages=MESSAGES, n=2)
+    assert caught.value.body["param"] == "n"
+
+
+def test_info_status_and_metrics(api, cluster):
+    info = httpx.get(f"{api.base_url}/model/info").json()
+    assert info["ranks"] == 2 and info["architecture"] == "llama"
+    assert info["context_length"] > 0
+    status = httpx.get(f"{api.base_url}/cluster/status").json()
+    assert status["state"] == "ready" and status["backend"] == "ring"
+    assert [rank["rank"] for rank in status["ranks"]] == [0, 1]
+    assert status["missing_ranks"] == [] and len(status["hosts"]) == 1
+    metrics = httpx.get(f"{api.base_url}/metrics").text
+    counts = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert counts["api_time_to_first_token_seconds_count"] >= 5
+    assert counts['api_tokens_total{kind="completion"}'] > 0
+    assert counts["ranks_up"] == 1
+
+
+def test_client_disconnect_cancels_the_request(api):
+    with httpx.stream("POST", f"{api.base_url}/v1/completions", json=LONG, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert active_requests(api.base_url) == 1
+    wait_idle(api.base_url)
+    assert "cancelled at rank 0" in api.log()
+
+
+def test_timeout_gives_504_and_cancels(cluster, tmp_path):
+    env = {"SOCKET_PATH": str(cluster.socket_path), "REQUEST_TIMEOUT_SECONDS": "0.5"}
+    with running_api(env, tmp_path / "api-timeout.log") as short:
+        wait_ready(short.base_url)
+        body = {**LONG, "stream": False}
+        response = httpx.post(f"{short.base_url}/v1/completions", json=body, timeout=30)
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["type"] == "timeout"
+        wait_idle(short.base_url)
+
+
+def test_api_restart_keeps_the_ranks_and_serves_without_reload(api, cluster, tmp_path):
+    loads_before = cluster.log_path.read_text().count("ready")
+    pids_before = cluster.rank_pids()
+    api.stop()
+    env = {"SOCKET_PATH": str(cluster.socket_path)}
+    restarted = start_api(env, tmp_path / "api-restarted.log")
+    try:
+        wait_ready(restarted.base_url, timeout=15)
+        body = {"model": "default", "prompt": PROMPT, "max_tokens": 3}
+        response = httpx.post(f"{restarted.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        api.process = restarted.process  # the module fixture stops whichever runs now
+        api.port = restarted.port
+    assert cluster.rank_pids() == pids_before
+    assert cluster.log_path.read_text().count("ready") == loads_before
+
+
+def test_ranks_killed_mid_stream_end_the_stream_with_an_error(api, cluster):
+    events: list[dict] = []
+    with httpx.stream("POST", f"{api.base_url}/v1/completions", json=LONG, timeout=30) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: {"))
+        events.append(json.loads(next(lines)[6:]))
+        killed_at = time.monotonic()
+        os.kill(cluster.rank_pids()[1], signal.SIGKILL)  # one rank dies; the job follows
+        for line in lines:
+            events.append(json.loads(line[6:]))
+        ended_after = time.monotonic() - killed_at
+    assert "error" in events[-1], events[-3:]
+    assert events[-1]["error"]["code"] == "ranks_unavailable"
+    assert ended_after < 10
+    health = httpx.get(f"{api.base_url}/health")
+    assert health.status_code == 503 and health.json()["ready"] is False
+    retry = httpx.post(f"{api.base_url}/v1/completions", json={**LONG, "stream": False})
+    assert retry.status_code == 503 and "Retry-After" in retry.headers
