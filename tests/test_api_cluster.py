@@ -10,6 +10,7 @@ import signal
 import time
 
 import httpx
+import mlx.core as mx
 import openai
 import pytest
 
@@ -218,9 +219,11 @@ def test_errors_from_the_ranks_and_limits(sdk, api):
     assert caught.value.body["param"] == "n"
 
 
-def test_info_status_and_metrics(api, cluster):
+def test_info_status_and_metrics(api, cluster, model_dir):
     info = httpx.get(f"{api.base_url}/model/info").json()
     assert info["ranks"] == 2 and info["architecture"] == "llama"
+    weights = mx.load(str(model_dir / "model.safetensors"))
+    assert info["parameters"] == sum(array.size for array in weights.values())
     assert info["context_length"] > 0
     status = httpx.get(f"{api.base_url}/cluster/status").json()
     assert status["state"] == "ready" and status["backend"] == "ring"

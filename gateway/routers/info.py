@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Request
 
 from gateway.auth import require_api_key
 from gateway.errors import unavailable
+from gateway.model_facts import model_facts
 from gateway.schemas import error_responses
 
 router = APIRouter(tags=["cluster"], dependencies=[Depends(require_api_key)])
@@ -20,11 +21,14 @@ async def model_info(request: Request) -> dict:
         reason, retry = client.unavailable_reason() or ("no status from rank 0 yet", 2)
         raise unavailable(f"The model is not known yet: {reason}.", retry)
     info = status.model_info
+    facts = model_facts(str(info["path"])) if info.get("path") else {}
     return {
         "id": status.model_id,
-        "architecture": info.get("architecture") or info.get("model_type"),
-        "parameters": info.get("parameters"),
-        "quantization": info.get("quantization"),
+        "architecture": info.get("architecture")
+        or facts.get("architecture")
+        or info.get("model_type"),
+        "parameters": info.get("parameters") or facts.get("parameters"),
+        "quantization": info.get("quantization") or facts.get("quantization"),
         "context_length": status.max_sequence_length or info.get("context_length"),
         "ranks": status.world_size,
         "backend": status.backend,
