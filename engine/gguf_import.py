@@ -161,6 +161,11 @@ def check_supported(header: GGUFHeader, path: Path) -> str:
                 f"{path.name}: tensor {name} has type {info.type_name}, which cannot be "
                 f"imported; supported tensor types: {supported}"
             )
+    if int(header.metadata.get("split.count", 1)) > 1:
+        raise GGUFImportError(
+            f"{path.name} is one part of a split GGUF; merge the parts first "
+            "(llama.cpp: llama-gguf-split --merge FIRST-PART OUT.gguf)"
+        )
     if "rope_freqs.weight" in header.tensors:
         raise GGUFImportError(
             f"{path.name}: per-dimension RoPE frequencies (rope_freqs, Llama 3 RoPE scaling) "

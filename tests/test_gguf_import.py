@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
-from engine.gguf_import import GGUFImportError, import_gguf, read_header
+from engine.gguf_import import GGUFImportError, _read_bf16, import_gguf, read_header
 from tests.support.tiny_gguf import (
     ARCHITECTURES,
     TENSOR_TYPES,
@@ -143,3 +143,50 @@ def test_tiny_tokenizer_from_gguf_metadata(tmp_path):
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_import(tmp_path, dtype):
+    tiny, _, model, _ = _import(tmp_path, dtype, arch="llama", tensor_type="Q4_0")
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == getattr(mx, dtype)
+    stored = _logits(reference_model(tiny.config, tiny.stored))
+    assert np.abs(_logits(model) - stored).max() <= 3e-2 * np.abs(stored).max()
+
+
+def test_bf16_keeps_values_beyond_float16_range(tmp_path):
+    """mx.load narrows BF16 to float16 (max 65504); the importer reads BF16 itself."""
+    values = np.array([[1e6, -3e5, 1.5, 70000.0] * 8] * 2, dtype=np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "llama")
+    packed = gguf.quants.quantize(values, gguf.GGMLQuantizationType.BF16)
+    writer.add_tensor("token_embd.weight", packed, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    info = read_header(tmp_path / "b.gguf").tensors["token_embd.weight"]
+    expected = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.BF16)
+    got = np.array(_read_bf16(tmp_path / "b.gguf", info).astype(mx.float32))
+    assert np.array_equal(got, expected.reshape(values.shape))
+    assert got.max() > 9e5
+
+
+def test_add_bos_token_prepends_bos_once(tmp_path):
+    tiny = write_tiny_gguf(tmp_path / "b.gguf", arch="llama", add_bos=True)
+    import_gguf(tiny.path, tmp_path / "out", "float32")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    bos = tiny.tokens.index("<|im_start|>")
+    assert tokenizer.bos_token_id == bos
+    ids = tokenizer.encode("he")
+    assert ids == [bos, tiny.tokens.index("he")]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "he"
+
+
+def test_split_gguf_is_refused(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "s.gguf"), "llama")
+    writer.add_uint16("split.count", 3)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFImportError, match="split GGUF"):
+        import_gguf(tmp_path / "s.gguf", tmp_path / "out")

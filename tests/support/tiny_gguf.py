@@ -135,11 +135,13 @@ def write_tiny_gguf(
     embed_type: str | None = None,
     tied: bool = False,
     permute: bool = True,
+    add_bos: bool = False,
     seed: int = 0,
 ) -> TinyGGUF:
     """Write a random tiny model as GGUF; matrices in `tensor_type` (embedding: `embed_type`).
 
     permute=False writes llama Q/K rows unpermuted, i.e. a wrong file (negative control).
+    add_bos sets tokenizer.ggml.add_bos_token (the BOS token is <|im_start|>).
     """
     tokens, types, merges = tiny_vocab()
     config = tiny_config(arch, len(tokens), tied)
@@ -174,7 +176,8 @@ def write_tiny_gguf(
     writer.add_token_merges(merges)
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
-    writer.add_add_bos_token(False)
+    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_add_bos_token(add_bos)
     writer.add_chat_template(CHATML_TEMPLATE)
 
     stored: dict[str, np.ndarray] = {}
