@@ -174,7 +174,9 @@ def _progress_class() -> type:
             now = time.monotonic()
             if now - self._last_log >= 5 or (self.total and self.n >= self.total):
                 self._last_log = now
-                log.info("download %s: %s", self.desc, self.format_meter(**self.format_dict))
+                unit = "B" if self.unit == "B" else f" {self.unit}"
+                done, total = (self.format_sizeof(v or 0, unit) for v in (self.n, self.total))
+                log.info("hub download (%s): %s of %s", self.desc, done, total)
             return shown
 
     return LogProgress

@@ -289,3 +289,11 @@ def test_interrupted_import_leaves_no_half_model(tmp_path, monkeypatch):
     monkeypatch.undo()
     directory = resolve_model(settings)
     assert json.loads((directory / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_hub_progress_is_logged_as_lines(caplog):
+    progress = model_source._progress_class()(total=2_000_000, desc="Downloading bytes", unit="B")
+    with caplog.at_level("INFO", logger="ring.model"):
+        progress.update(2_000_000)
+        progress.close()
+    assert "hub download (Downloading bytes): 2.00MB of 2.00MB" in caplog.text
