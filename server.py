@@ -23,12 +23,13 @@ from distributed.group import RankIdentity, init_group, leader_address
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
 from engine.batch_engine import BatchEngine, PlanMismatchError
-from engine.model_loading import ModelInfo, load_for_rank
+from engine.model_loading import ModelInfo, ModelLoadError, load_for_rank
 from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.protocol import RankStatus, Status
 from ipc.server import Event, SocketServer
 
+EXIT_BAD_MODEL = 2
 EXIT_DIVERGED = 4
 EXIT_LEADER_GONE = 5
 log = logging.getLogger("ring")
@@ -126,6 +127,7 @@ class Leader:
             if sleeping and wake is not None:
                 try:
                     wake.wake()
+                    log.debug("woke the workers at %.6f", time.time())
                 except OSError as exc:
                     _die(EXIT_LEADER_GONE, f"a worker rank is gone (wake channel: {exc})")
             sleeping = plan.sleep or plan.stop
@@ -153,6 +155,7 @@ class Leader:
             if not scheduler.has_work(engine):
                 continue
             started = time.perf_counter()
+            collective_before = broadcaster.collective_seconds
             plan = scheduler.build_plan(engine)
             if not plan.inserts and engine.size == len(set(plan.removes)):
                 plan.sleep = True
@@ -160,15 +163,33 @@ class Leader:
             if plan.sleep:
                 engine.advance_idle()
                 continue
-            scheduler.on_result(engine.run())
+            planned = time.perf_counter()
+            result = engine.run()
+            computed = time.perf_counter()
+            scheduler.on_result(result)
             self._flush()
-            self.last_step_ms = (time.perf_counter() - started) * 1000
+            done = time.perf_counter()
+            self.last_step_ms = (done - started) * 1000
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
+                    "%.2f (all_sum %.2f) + forward %.2f + sample/stream %.2f",
+                    plan.step,
+                    len(plan.tokens),
+                    result.prefill_tokens,
+                    self.last_step_ms,
+                    (planned - started) * 1000,
+                    (broadcaster.collective_seconds - collective_before) * 1000,
+                    (computed - planned) * 1000,
+                    (done - computed) * 1000,
+                )
 
 
 def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiver) -> None:
     while True:
         try:
             wake.wait()
+            log.debug("woken at %.6f", time.time())
         except WakeError as exc:
             _die(EXIT_LEADER_GONE, f"{exc}; this rank exits")
         while True:
@@ -207,6 +228,8 @@ def main() -> int:
         model, tokenizer, info = load_for_rank(settings, group)
     except WakeError as exc:
         _die(EXIT_LEADER_GONE, str(exc))
+    except ModelLoadError as exc:
+        _die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
     memory = mx.get_active_memory()
     if not leader:

@@ -7,6 +7,7 @@ step plan in a single all_sum; a larger payload needs one more all_sum for the r
 from __future__ import annotations
 
 import struct
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -29,6 +30,7 @@ class Broadcaster:
         self._zeros = np.zeros(FIRST_BUFFER_BYTES, dtype=np.uint8)
 
     def _all_sum(self, buffer: np.ndarray, name: str) -> np.ndarray:
+        started = time.perf_counter()
         array = mx.array(buffer)
         if self.watchdog is None:
             result = mx.distributed.all_sum(array, group=self.group)
@@ -37,6 +39,7 @@ class Broadcaster:
             with self.watchdog.guard(name):
                 result = mx.distributed.all_sum(array, group=self.group)
                 mx.eval(result)
+        self.collective_seconds += time.perf_counter() - started
         return np.array(result, copy=False)
 
     def broadcast(self, payload: bytes | None, name: str = "plan broadcast") -> bytes:

@@ -20,6 +20,10 @@ from config import Settings
 log = logging.getLogger("ring.model")
 
 
+class ModelLoadError(Exception):
+    """The model cannot be resolved, planned or loaded; the message says why."""
+
+
 @dataclass
 class ModelInfo:
     """What status reports about the loaded model."""
@@ -34,7 +38,7 @@ class ModelInfo:
 def resolve_model_dir(settings: Settings) -> Path:
     """MODEL as an MLX directory: engine.model_source when present, else a local path."""
     try:
-        from engine.model_source import resolve_model
+        from engine.model_source import ModelSourceError, resolve_model
     except ImportError:
         path = Path(settings.model).expanduser()
         if not (path / "config.json").is_file():
@@ -43,7 +47,10 @@ def resolve_model_dir(settings: Settings) -> Path:
                 "(config.json missing) and engine.model_source is not available"
             ) from None
         return path
-    return Path(resolve_model(settings))
+    try:
+        return Path(resolve_model(settings))
+    except ModelSourceError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[Any, Any, ModelInfo]:
@@ -57,13 +64,17 @@ def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[Any,
         if os.environ.get("RING_REPLICATED") == "1":
             raise ImportError("replicated loading forced by RING_REPLICATED=1")
         from distributed.loader import load_rank_model
-        from distributed.plan import make_plan
+        from distributed.plan import PlanError, make_plan
     except ImportError:
         model, _ = load_model(model_dir, lazy=False)
         log.info("loaded the full model from %s (replicated; no split planner yet)", model_dir)
     else:
         weights = settings.parsed_rank_weights(group.size())
-        plan = make_plan(config, group.size(), weights, settings.parallelism)
+        try:
+            plan = make_plan(config, group.size(), weights, settings.parallelism)
+        except PlanError as exc:
+            message = f"cannot split the model over {group.size()} ranks: {exc}"
+            raise ModelLoadError(message) from None
         model = load_rank_model(model_dir, group, plan)
         info.plan = plan.model_dump() if hasattr(plan, "model_dump") else {}
         info.share = f"rank {group.rank()} of plan {type(plan).__name__}"

@@ -1,0 +1,103 @@
+"""Measure the step loop: decode step time per batch size, collective share, idle CPU.
+
+    LD_PRELOAD=.../libopenblas.so.0 .venv/bin/python -m bench.step_time --ranks 2 \
+        --model /path/to/mlx_dir --batch 1 8 [--env IMPORT_DTYPE=float32]
+
+Starts a local cluster (tests.support.cluster) with LOG_LEVEL=DEBUG, sends B identical
+greedy requests at once for each batch size, and reads rank 0's per-step debug lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import time
+from pathlib import Path
+
+from ipc.protocol import Done, SamplingParams, Submit
+from tests.support.cluster import Cluster
+
+STEP = re.compile(
+    r"step (\d+): decode (\d+), prefill (\d+) tokens; total ([\d.]+) ms = plan\+broadcast "
+    r"([\d.]+) \(all_sum ([\d.]+)\) \+ forward ([\d.]+) \+ sample/stream ([\d.]+)"
+)
+WOKE = re.compile(r"woke the workers at ([\d.]+)")
+WOKEN = re.compile(r"(r\d+) DEBUG woken at ([\d.]+)")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(cluster: Cluster, seconds: float) -> dict[str, float]:
+    """Share of one core used by each rank and by mlx.launch while idle."""
+    pids = {f"rank {r}": p for r, p in cluster.rank_pids().items()}
+    pids["mlx.launch"] = cluster.process.pid
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {n: round((cpu_seconds(p) - before[n]) / seconds * 100, 2) for n, p in pids.items()}
+
+
+def run_batch(cluster: Cluster, batch: int, max_tokens: int) -> None:
+    with cluster.client(timeout=600) as client:
+        for i in range(batch):
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            client.send(Submit(id=f"b{batch}-{i}", prompt="Once upon a time", params=params))
+        done = 0
+        while done < batch:
+            done += isinstance(client.recv(), Done)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--env", nargs="*", default=[])
+    args = parser.parse_args()
+    env = {"LOG_LEVEL": "DEBUG", "MAX_BATCH_SIZE": str(max(args.batch))}
+    env |= dict(item.split("=", 1) for item in args.env)
+    report: dict = {"ranks": args.ranks, "model": args.model or "default"}
+    with Cluster(args.model, ranks=args.ranks, env=env, ready_timeout=600) as cluster:
+        time.sleep(1.0)
+        report["idle_cpu_percent"] = idle_cpu(cluster, args.idle_seconds)
+        for batch in args.batch:
+            mark = len(cluster.log_path.read_text())
+            run_batch(cluster, batch, args.max_tokens)
+            time.sleep(0.5)
+            log = cluster.log_path.read_text()[mark:]
+            steps = [m for m in STEP.finditer(log) if int(m[2]) == batch and int(m[3]) == 0]
+            if not steps:
+                continue
+
+            def median(i: int, rows=steps) -> float:
+                return round(statistics.median(float(m[i]) for m in rows), 3)
+
+            report[f"batch_{batch}"] = {
+                "decode_steps": len(steps),
+                "step_ms": median(4),
+                "plan_broadcast_ms": median(5),
+                "broadcast_all_sum_ms": median(6),
+                "forward_ms": median(7),
+                "sample_stream_ms": median(8),
+            }
+        log = cluster.log_path.read_text()
+    woke = sorted(float(m[1]) for m in WOKE.finditer(log))
+    latencies = []
+    for match in WOKEN.finditer(log):
+        earlier = [t for t in woke if t <= float(match[2])]
+        if earlier:
+            latencies.append((float(match[2]) - earlier[-1]) * 1e3)
+    if latencies:
+        report["wake_latency_ms"] = {"max": round(max(latencies), 3), "count": len(latencies)}
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
