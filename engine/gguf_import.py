@@ -20,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.gguf_tokenizer import build_tokenizer_files
+from engine.gguf_tokenizer import TokenizerImportError, build_tokenizer_files
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # GGML type id -> (name, bits when quantized)
@@ -121,6 +121,15 @@ class _Cursor:
 
 def read_header(path: Path) -> GGUFHeader:
     """Parse the GGUF header: metadata key/values and the tensor table."""
+    try:
+        return _parse_header(path)
+    except (struct.error, ValueError, KeyError, IndexError, OverflowError) as exc:
+        if isinstance(exc, GGUFImportError):
+            raise
+        raise GGUFImportError(f"{path} is damaged or truncated ({exc})") from None
+
+
+def _parse_header(path: Path) -> GGUFHeader:
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         cursor = _Cursor(mm)
         if mm[:4] != b"GGUF":
@@ -161,6 +170,8 @@ def check_supported(header: GGUFHeader, path: Path) -> str:
                 f"{path.name}: tensor {name} has type {info.type_name}, which cannot be "
                 f"imported; supported tensor types: {supported}"
             )
+    if "token_embd.weight" not in header.tensors:
+        raise GGUFImportError(f"{path.name} holds no token_embd.weight tensor")
     if int(header.metadata.get("split.count", 1)) > 1:
         raise GGUFImportError(
             f"{path.name} is one part of a split GGUF; merge the parts first "
@@ -246,7 +257,10 @@ def _convert(
     path: Path, header: GGUFHeader, arch: str, dtype: str, float_dtype: mx.Dtype
 ) -> tuple[dict[str, mx.array], dict[str, tuple[int, int]]]:
     """Tensors renamed to mlx-lm keys; quantized module paths -> (bits, group size)."""
-    raw = mx.load(str(path))
+    try:
+        raw = mx.load(str(path))
+    except RuntimeError as exc:
+        raise GGUFImportError(f"{path.name}: MLX cannot read the tensors ({exc})") from None
     meta = header.metadata
     heads = int(meta[f"{arch}.attention.head_count"])
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
@@ -329,9 +343,12 @@ def import_gguf(
     header = read_header(path)
     arch = check_supported(header, path)
     config = build_config(header, arch)
-    tokenizer_json, tokenizer_config = build_tokenizer_files(
-        header.metadata, config["max_position_embeddings"]
-    )
+    try:
+        tokenizer_json, tokenizer_config = build_tokenizer_files(
+            header.metadata, config["max_position_embeddings"]
+        )
+    except TokenizerImportError as exc:
+        raise GGUFImportError(f"{path.name}: {exc}") from None
     float_type = getattr(mx, float_dtype if dtype == "quantized" else dtype)
     weights, quantized = _convert(path, header, arch, dtype, float_type)
     if quantized:

@@ -126,7 +126,7 @@ def import_gguf_cached(path: Path, settings: Settings) -> Path:
     """Import `path` into the cache unless an import of the same content and dtype is there."""
     from engine.gguf_import import GGUFImportError, import_gguf
 
-    root = settings.model_cache_dir.expanduser() / "gguf"
+    root = settings.model_cache_dir.expanduser().resolve() / "gguf"
     root.mkdir(parents=True, exist_ok=True)
     dtype, float_dtype = import_variant(settings.import_dtype)
     digest = content_hash(path, root / "hashes")
@@ -191,7 +191,7 @@ def download_from_hub(repo_id: str, settings: Settings) -> Path:
         RepositoryNotFoundError,
     )
 
-    cache = settings.model_cache_dir.expanduser() / "hub"
+    cache = settings.model_cache_dir.expanduser().resolve() / "hub"
     log.info("fetching %s from the Hugging Face hub into %s", repo_id, cache)
     try:
         folder = snapshot_download(

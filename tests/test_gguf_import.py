@@ -190,3 +190,12 @@ def test_split_gguf_is_refused(tmp_path):
     writer.close()
     with pytest.raises(GGUFImportError, match="split GGUF"):
         import_gguf(tmp_path / "s.gguf", tmp_path / "out")
+
+
+@pytest.mark.parametrize("keep", [0, 100, 0.6])
+def test_damaged_file_is_refused_with_one_message(tmp_path, keep):
+    tiny = write_tiny_gguf(tmp_path / "t.gguf", tensor_type="Q8_0")
+    data = tiny.path.read_bytes()
+    tiny.path.write_bytes(data[: int(keep * len(data)) if isinstance(keep, float) else keep])
+    with pytest.raises(GGUFImportError, match="t.gguf"):
+        import_gguf(tiny.path, tmp_path / "out")
