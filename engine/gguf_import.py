@@ -170,13 +170,13 @@ def check_supported(header: GGUFHeader, path: Path) -> str:
                 f"{path.name}: tensor {name} has type {info.type_name}, which cannot be "
                 f"imported; supported tensor types: {supported}"
             )
-    if "token_embd.weight" not in header.tensors:
-        raise GGUFImportError(f"{path.name} holds no token_embd.weight tensor")
     if int(header.metadata.get("split.count", 1)) > 1:
         raise GGUFImportError(
             f"{path.name} is one part of a split GGUF; merge the parts first "
             "(llama.cpp: llama-gguf-split --merge FIRST-PART OUT.gguf)"
         )
+    if "token_embd.weight" not in header.tensors:
+        raise GGUFImportError(f"{path.name} holds no token_embd.weight tensor")
     if "rope_freqs.weight" in header.tensors:
         raise GGUFImportError(
             f"{path.name}: per-dimension RoPE frequencies (rope_freqs, Llama 3 RoPE scaling) "
