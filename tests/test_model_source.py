@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -50,8 +51,10 @@ def _run_cli(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("model-cache")
+def cache_dir(tmp_path_factory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("model-cache")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)  # about 600 MB of imported weights
 
 
 @pytest.fixture(scope="module")
