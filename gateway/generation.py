@@ -76,7 +76,8 @@ def sampling_params(
         top_p=body.top_p or defaults.top_p,
         top_k=body.top_k or 0,
         min_p=body.min_p or 0.0,
-        seed=body.seed,
+        # The ranks seed numpy, which takes non-negative ints: map int64 one-to-one.
+        seed=None if body.seed is None else body.seed % 2**64,
         stop=body.stop_list(),
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,

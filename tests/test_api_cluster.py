@@ -4,15 +4,20 @@ with the `openai` SDK and httpx. One cluster for the module; the last test kills
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import mlx.core as mx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.api_server import running_api, start_api
 from tests.support.cluster import Cluster
@@ -34,19 +39,60 @@ def model_dir(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def cluster(model_dir):
-    with Cluster(model_dir, ranks=2) as running:
-        yield running
+class HealthWatcher(threading.Thread):
+    """Polls /health (and, while loading, a completion) until ready; records what it saw."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.states: list[str] = []
+        self.loading_answers: list[tuple[int, str | None]] = []
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                state = httpx.get(f"{self.base_url}/health", timeout=5).json()["status"]
+                if not self.states or self.states[-1] != state:
+                    self.states.append(state)
+                if state == "loading" and not self.loading_answers:
+                    body = {"model": "default", "prompt": "a", "max_tokens": 1}
+                    reply = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=5)
+                    self.loading_answers.append(
+                        (reply.status_code, reply.headers.get("Retry-After"))
+                    )
+                if state == "ready":
+                    break
+            time.sleep(0.05)
+        self.finished.set()
 
 
 @pytest.fixture(scope="module")
-def api(cluster, tmp_path_factory):
-    log = tmp_path_factory.mktemp("api-cluster") / "api.log"
+def stack(model_dir, tmp_path_factory):
+    """api.py first (no ranks yet), then the cluster: api.py must connect on its own."""
+    work = tmp_path_factory.mktemp("api-cluster")
+    cluster = Cluster(model_dir, ranks=2, workdir=work / "cluster")
     env = {"SOCKET_PATH": str(cluster.socket_path), "REQUEST_TIMEOUT_SECONDS": "120"}
-    with running_api(env, log) as process:
-        wait_ready(process.base_url)
-        yield process
+    api = start_api(env, work / "api.log")
+    watcher = HealthWatcher(api.base_url)
+    try:
+        watcher.start()
+        with cluster:
+            assert watcher.finished.wait(30), f"api.py never became ready: {watcher.states}"
+            yield SimpleNamespace(api=api, cluster=cluster, watcher=watcher)
+    finally:
+        api.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(stack):
+    return stack.cluster
+
+
+@pytest.fixture(scope="module")
+def api(stack):
+    return stack.api
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +132,13 @@ def check_performance(performance: dict) -> None:
     assert performance["time_to_first_token"] > 0
     assert performance["prompt_tokens_per_second"] > 0
     assert performance["generation_tokens_per_second"] > 0
+
+
+def test_api_started_before_the_ranks_connects_when_they_come_up(stack):
+    states = stack.watcher.states
+    assert states[0] == "down" and states[-1] == "ready", states
+    for status, retry_after in stack.watcher.loading_answers:  # only if it caught "loading"
+        assert status == 503 and retry_after == "5"
 
 
 def test_chat_completion_matches_the_tokenizer(sdk, model_dir, tokenizer):
@@ -238,6 +291,47 @@ def test_info_status_and_metrics(api, cluster, model_dir):
     assert counts["api_time_to_first_token_seconds_count"] >= 5
     assert counts['api_tokens_total{kind="completion"}'] > 0
     assert counts["ranks_up"] == 1
+
+
+@st.composite
+def edge_sampling(draw) -> dict:
+    """Valid requests at the edges of every sampling range."""
+    body = {
+        "model": "default",
+        "max_tokens": draw(st.integers(1, 3)),
+        "temperature": draw(st.sampled_from([0, 1e-6, 0.7, 2])),
+        "top_p": draw(st.sampled_from([1e-9, 0.5, 1])),
+        "top_k": draw(st.sampled_from([0, 1, 100_000])),
+        "min_p": draw(st.sampled_from([0, 0.5, 1])),
+        "seed": draw(st.sampled_from([None, 0, -1, 2**63 - 1])),
+        "presence_penalty": draw(st.sampled_from([-2, 0, 2])),
+        "frequency_penalty": draw(st.sampled_from([-2, 0, 2])),
+        "repetition_penalty": draw(st.sampled_from([1e-3, 1, 10])),
+        "stream": draw(st.booleans()),
+    }
+    if draw(st.booleans()):
+        body["messages"] = [{"role": "user", "content": draw(st.text(max_size=20))}]
+    else:
+        body["prompt"] = draw(st.text(min_size=1, max_size=20))
+        body["logprobs"] = draw(st.sampled_from([None, 0, 20]))
+    return body
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(body=edge_sampling())
+def test_edge_parameters_never_break_the_ranks(api, body):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    response = httpx.post(f"{api.base_url}{path}", json=body, timeout=60)
+    assert response.status_code == 200, (body, response.text)
+    if body["stream"]:
+        assert response.text.rstrip().endswith("data: [DONE]"), (body, response.text[-300:])
+        assert '"error"' not in response.text, (body, response.text[-300:])
+    assert httpx.get(f"{api.base_url}/health").status_code == 200
 
 
 def test_client_disconnect_cancels_the_request(api):
