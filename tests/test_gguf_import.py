@@ -199,3 +199,13 @@ def test_damaged_file_is_refused_with_one_message(tmp_path, keep):
     tiny.path.write_bytes(data[: int(keep * len(data)) if isinstance(keep, float) else keep])
     with pytest.raises(GGUFImportError, match="t.gguf"):
         import_gguf(tiny.path, tmp_path / "out")
+
+
+def test_quantized_with_float16_scales_as_on_metal(tmp_path):
+    tiny = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", tensor_type="Q4_1", embed_type="Q8_0")
+    import_gguf(tiny.path, tmp_path / "out", "quantized", "float16")
+    model, _ = load_model(tmp_path / "out")
+    assert model.model.layers[0].mlp.up_proj.scales.dtype == mx.float16
+    assert model.model.norm.weight.dtype == mx.float16
+    stored = _logits(reference_model(tiny.config, tiny.stored))
+    assert np.abs(_logits(model) - stored).max() <= 2e-2 * np.abs(stored).max()
