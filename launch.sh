@@ -195,7 +195,7 @@ case $d in "~"*) d=$HOME${d#"~"} ;; esac; cd "$d" || exit 1; fi; exec ./scripts/
         --backend "$(cfg DISTRIBUTED_BACKEND)" --starting-port "$port" "${cwd_args[@]}" \
         ${overrides[@]+"${overrides[@]}"} --python /bin/sh -- -c "$rank_cmd" rank \
         "$remote_dir" server.py \
-        <"$STDIN_FIFO" 3<>"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
+        3<>"$STDIN_FIFO" <"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
     pid=$!
     echo "$pid" >"$RANKS_PID"
     info "mlx.launch pid $pid"
@@ -206,7 +206,9 @@ wait_ranks() {
     socket="$(cfg SOCKET_PATH)"
     step "Waiting for rank 0's socket ($socket)"
     while ((SECONDS < deadline)); do
-        ranks_alive || abort_start "the ranks exited during start" "$SERVER_LOG"
+        # kill -0, not ranks_alive: right after the fork mlx.launch may not lead its group yet
+        kill -0 "$(pid_of "$RANKS_PID")" 2>/dev/null ||
+            abort_start "the ranks exited during start" "$SERVER_LOG"
         if [[ -S "$socket" ]]; then
             [[ -z "$shown" ]] && info "socket is up; waiting for every rank to load" && shown=1
             "$PY" -m ipc.client wait-ready --socket "$socket" --timeout 5 >"$RUN/ready.txt" 2>&1 &&

@@ -11,7 +11,6 @@ when any host is unusable.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 

@@ -125,7 +125,9 @@ def build_hosts(settings: Settings, rdma_file: Path = RDMA_FILE) -> list[HostEnt
     else:
         ips = [resolve_ip(address) for address, _ in workers]
         entries = [HostEntry(ssh=LOCAL, ips=[local_ip_towards(ips[0])])]
-        entries += [HostEntry(ssh=dest, ips=[ip]) for ip, (_, dest) in zip(ips, workers)]
+        entries += [
+            HostEntry(ssh=dest, ips=[ip]) for ip, (_, dest) in zip(ips, workers, strict=True)
+        ]
         world = len(entries)
     if settings.distributed_backend == "jaccl":
         if not workers:

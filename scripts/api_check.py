@@ -1,8 +1,8 @@
 """HTTP checks that launch.sh runs against api.py (standard library only, starts fast).
 
-    api_check.py health URL                        one line: ready / not ready and why (exit 1)
-    api_check.py wait URL --timeout S [--pid P]    until /health is 200; exit 1 if P dies first
-    api_check.py chat URL [--prompt TEXT]          a chat completion: answer, usage, performance
+api_check.py health URL                        one line: ready / not ready and why (exit 1)
+api_check.py wait URL --timeout S [--pid P]    until /health is 200; exit 1 if P dies first
+api_check.py chat URL [--prompt TEXT]          a chat completion: answer, usage, performance
 """
 
 from __future__ import annotations
