@@ -240,10 +240,19 @@ def build_config(header: GGUFHeader, arch: str) -> dict[str, Any]:
             config["rope_scaling"]["original_max_position_embeddings"] = original
     elif scaling not in (None, "none"):
         raise GGUFImportError(f"RoPE scaling type {scaling!r} is not supported")
-    for key, field in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
-        value = meta.get(f"tokenizer.ggml.{key}")
-        if value is not None:
-            config[field] = int(value)
+    rope_dims = meta.get(f"{arch}.rope.dimension_count")
+    if rope_dims is not None and int(rope_dims) != config["head_dim"]:
+        raise GGUFImportError(
+            f"partial rotary embedding ({int(rope_dims)} of {config['head_dim']} head "
+            "dimensions) is not supported"
+        )
+    if (bos := meta.get("tokenizer.ggml.bos_token_id")) is not None:
+        config["bos_token_id"] = int(bos)
+    # End of turn (eot/eom) stops generation as well as end of text.
+    stops = [meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    stops = list(dict.fromkeys(int(s) for s in stops if s is not None))
+    if stops:
+        config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
     return config
 
 

@@ -9,6 +9,7 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm import load
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
@@ -209,3 +210,12 @@ def test_quantized_with_float16_scales_as_on_metal(tmp_path):
     assert model.model.norm.weight.dtype == mx.float16
     stored = _logits(reference_model(tiny.config, tiny.stored))
     assert np.abs(_logits(model) - stored).max() <= 2e-2 * np.abs(stored).max()
+
+
+def test_end_of_turn_token_also_stops_generation(tmp_path):
+    tiny = write_tiny_gguf(tmp_path / "e.gguf", arch="qwen3", eot_token="<|endoftext|>")
+    config = import_gguf(tiny.path, tmp_path / "out", "float32")
+    stops = [tiny.tokens.index("<|im_end|>"), tiny.tokens.index("<|endoftext|>")]
+    assert config["eos_token_id"] == stops
+    _, tokenizer = load(str(tmp_path / "out"))
+    assert set(tokenizer.eos_token_ids) == set(stops)

@@ -136,12 +136,14 @@ def write_tiny_gguf(
     tied: bool = False,
     permute: bool = True,
     add_bos: bool = False,
+    eot_token: str | None = None,
     seed: int = 0,
 ) -> TinyGGUF:
     """Write a random tiny model as GGUF; matrices in `tensor_type` (embedding: `embed_type`).
 
     permute=False writes llama Q/K rows unpermuted, i.e. a wrong file (negative control).
-    add_bos sets tokenizer.ggml.add_bos_token (the BOS token is <|im_start|>).
+    add_bos sets tokenizer.ggml.add_bos_token (the BOS token is <|im_start|>); eot_token
+    names an end-of-turn token besides the EOS <|im_end|>.
     """
     tokens, types, merges = tiny_vocab()
     config = tiny_config(arch, len(tokens), tied)
@@ -175,6 +177,8 @@ def write_tiny_gguf(
     writer.add_token_types(types)
     writer.add_token_merges(merges)
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    if eot_token is not None:
+        writer.add_eot_token_id(tokens.index(eot_token))
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
     writer.add_bos_token_id(tokens.index("<|im_start|>"))
     writer.add_add_bos_token(add_bos)
