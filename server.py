@@ -31,7 +31,7 @@ from ipc.server import Event, SocketServer
 
 EXIT_BAD_MODEL = 2
 EXIT_DIVERGED = 4
-EXIT_LEADER_GONE = 5
+EXIT_PEER_GONE = 5
 log = logging.getLogger("ring")
 
 
@@ -65,6 +65,11 @@ class Leader:
         self.last_step_ms: float | None = None
         self.socket = SocketServer(settings.socket_path, self.events, self.status, self.model_id)
         self.stop_conns: list[int] = []
+
+    def rank_lost(self, rank: int) -> None:
+        """A worker closed its wake channel: it exited, so the job cannot go on."""
+        if self.state != "stopping":
+            _die(EXIT_PEER_GONE, f"rank {rank} exited (its wake channel closed); stopping")
 
     def model_id(self) -> str:
         return self.info.model_id if self.info else self.settings.model
@@ -129,7 +134,7 @@ class Leader:
                     wake.wake()
                     log.debug("woke the workers at %.6f", time.time())
                 except OSError as exc:
-                    _die(EXIT_LEADER_GONE, f"a worker rank is gone (wake channel: {exc})")
+                    _die(EXIT_PEER_GONE, f"a worker rank is gone (wake channel: {exc})")
             sleeping = plan.sleep or plan.stop
             broadcaster.broadcast(plan.encode())
             if not plan.stop:
@@ -191,7 +196,7 @@ def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiv
             wake.wait()
             log.debug("woken at %.6f", time.time())
         except WakeError as exc:
-            _die(EXIT_LEADER_GONE, f"{exc}; this rank exits")
+            _die(EXIT_PEER_GONE, f"{exc}; this rank exits")
         while True:
             try:
                 plan = StepPlan.decode(broadcaster.broadcast(None))
@@ -227,7 +232,7 @@ def main() -> int:
         wake = open_wake_channel(broadcaster, leader_address())
         model, tokenizer, info = load_for_rank(settings, group)
     except WakeError as exc:
-        _die(EXIT_LEADER_GONE, str(exc))
+        _die(EXIT_PEER_GONE, str(exc))
     except ModelLoadError as exc:
         _die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
@@ -241,6 +246,8 @@ def main() -> int:
         _worker_loop(engine, broadcaster, wake)
         return 0
     reports = wake.collect_ready() if wake is not None else []
+    if wake is not None:
+        wake.watch(leader.rank_lost)
     leader.info = info
     leader.ranks = [RankStatus(rank=0, host=ident.host, share=info.share, memory_bytes=memory)]
     leader.ranks += [

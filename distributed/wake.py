@@ -8,9 +8,12 @@ before the first broadcast after an idle period. End of stream means rank 0 is g
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
+import threading
 import time
+from collections.abc import Callable
 
 from distributed.broadcast import Broadcaster
 
@@ -45,6 +48,20 @@ class WakeSender:
                 line += chunk
             reports.append(json.loads(line))
         return reports
+
+    def watch(self, on_lost: Callable[[int], None]) -> None:
+        """Call `on_lost(rank)` from a thread when a worker's end closes (it exited).
+
+        Workers send nothing after their ready report, so readable means end of stream;
+        the thread blocks in select, using no CPU.
+        """
+
+        def run() -> None:
+            ranks = {conn.fileno(): rank for rank, conn in enumerate(self.connections, 1)}
+            readable, _, _ = select.select(self.connections, [], [])
+            on_lost(ranks[readable[0].fileno()])
+
+        threading.Thread(target=run, name="wake-watch", daemon=True).start()
 
     def close(self) -> None:
         for conn in self.connections:

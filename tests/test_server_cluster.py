@@ -317,6 +317,15 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def test_a_dead_worker_ends_rank_0(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny")
+    with Cluster(model, ranks=2, env=CLUSTER_ENV) as cluster:
+        os.kill(cluster.rank_pids()[1], signal.SIGKILL)
+        cluster.process.wait(10)
+        log = cluster.log_path.read_text()
+    assert "r0 ERROR rank 1 exited (its wake channel closed); stopping" in log, log
+
+
 def test_stuck_collective_ends_the_rank(tmp_path):
     model = write_tiny_model(tmp_path / "tiny")
     env = CLUSTER_ENV | {"COLLECTIVE_TIMEOUT_SECONDS": "2"}

@@ -66,6 +66,9 @@ class Cluster:
         )
         if OPENBLAS.exists() and "LD_PRELOAD" not in env:
             env["LD_PRELOAD"] = str(OPENBLAS)
+        # Ranks share this host's cores: more BLAS threads than cores only contend.
+        threads = str(max(1, (os.cpu_count() or 1) // self.ranks))
+        env.setdefault("OPENBLAS_NUM_THREADS", threads)
         env.update(self.extra_env)
         return env
 
