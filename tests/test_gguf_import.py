@@ -219,3 +219,14 @@ def test_end_of_turn_token_also_stops_generation(tmp_path):
     assert config["eos_token_id"] == stops
     _, tokenizer = load(str(tmp_path / "out"))
     assert set(tokenizer.eos_token_ids) == set(stops)
+
+
+def test_large_models_are_written_in_shards(tmp_path, monkeypatch):
+    monkeypatch.setattr("engine.gguf_import.SHARD_BYTES", 40_000)
+    tiny, _, model, out = _import(tmp_path, "float32", arch="qwen2", tensor_type="F32")
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (out / "model.safetensors").exists()
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    reference = _logits(reference_model(tiny.config, tiny.weights))
+    assert np.abs(_logits(model) - reference).max() <= 1e-5 * np.abs(reference).max()
