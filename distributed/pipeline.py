@@ -5,12 +5,18 @@ state from its left ring neighbour and sends its own to the right; the last stag
 applies the final norm to the last position and sends the result back to rank 0 (its
 right ring neighbour): logits when it holds an untied head, else the normed hidden state,
 to which rank 0 applies the tied embedding head. Every rank returns logits shaped
-[B, 1, V]; they are correct on rank 0 only, and evaluating them on any rank performs
-that rank's sends and receives.
+[B, 1, V], correct on rank 0 only (zeros elsewhere).
+
+Each call evaluates its own sends and receives before it returns. Ranks run different
+graphs, and a point-to-point stream carries no message boundaries: if a caller queued
+several lazy calls (a decode step and prefill chunks) and evaluated them together, the
+receives could run in another order than the sends and read each other's bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import mlx.core as mx
@@ -51,6 +57,8 @@ class PipelineStage(nn.Module):
         if share.head and not self.tied:
             self.lm_head = model.lm_head
         self.layer_range = (start, end)
+        # Optional `guard(what)` context manager (a collective watchdog) around each wait.
+        self.eval_guard: Callable[[str], AbstractContextManager] | None = None
 
     def make_cache(self) -> list[Any]:
         """One cache per local layer (a rotating one for sliding-window layers)."""
@@ -76,13 +84,20 @@ class PipelineStage(nn.Module):
             return self.embed_tokens.as_linear(h)
         return self.lm_head(h)
 
+    def _eval(self, array: mx.array, what: str) -> None:
+        if self.eval_guard is None:
+            mx.eval(array)
+        else:
+            with self.eval_guard(what):
+                mx.eval(array)
+
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         batch, length = inputs.shape[:2]
-        # Later stages never read the tokens; if they came from a collective (rank 0's
-        # broadcast), evaluating them here keeps every rank in that collective before any
-        # rank blocks in a receive.
-        mx.eval(inputs)
         cache = cache if cache is not None else [None] * len(self.layers)
+        # Later stages never read the tokens; if they came from a collective (rank 0's
+        # broadcast), evaluating them first keeps every rank in that collective before
+        # any rank blocks in a receive.
+        self._eval(inputs, "pipeline input")
         if self.first:
             h = self.embed_tokens(inputs)
         else:
@@ -90,19 +105,18 @@ class PipelineStage(nn.Module):
             h = mx.distributed.recv(shape, self.hidden_dtype, self.rank - 1, group=self.group)
         h = self._run_layers(h, cache)
         logits_shape = (batch, 1, self.vocab_size)
-        if not self.last:
-            sent = mx.distributed.send(h, self.rank + 1, group=self.group)
-            if not self.first:
-                return mx.depends(mx.zeros(logits_shape), sent)
-            # Send before waiting on the last stage's reply, or the two would deadlock.
-            mx.eval(sent)
-            width = self.hidden_size if self.tied else self.vocab_size
-            back = mx.distributed.recv(
-                (batch, 1, width), mx.float32, self.world - 1, group=self.group
-            )
-            return self._head(back.astype(self.hidden_dtype)) if self.tied else back
-        out = self.norm(h[:, -1:, :])
-        if not self.tied:
-            out = self.lm_head(out)
-        sent = mx.distributed.send(out.astype(mx.float32), 0, group=self.group)
-        return mx.depends(mx.zeros(logits_shape), sent)
+        if self.last:
+            out = self.norm(h[:, -1:, :])
+            if not self.tied:
+                out = self.lm_head(out)
+            sent = mx.distributed.send(out.astype(mx.float32), 0, group=self.group)
+            self._eval(sent, "pipeline send to rank 0")
+            return mx.zeros(logits_shape)
+        self._eval(mx.distributed.send(h, self.rank + 1, group=self.group), "pipeline send")
+        if not self.first:
+            return mx.zeros(logits_shape)
+        width = self.hidden_size if self.tied else self.vocab_size
+        back = mx.distributed.recv((batch, 1, width), mx.float32, self.world - 1, group=self.group)
+        logits = self._head(back.astype(self.hidden_dtype)) if self.tied else back
+        self._eval(logits, "pipeline receive from the last stage")
+        return logits

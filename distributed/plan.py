@@ -63,22 +63,39 @@ class ModelShape(BaseModel):
         try:
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
+            model_type = str(config.get("model_type", "unknown"))
+            head_dim = int(config.get("head_dim") or hidden // heads)
+            if FAMILY_ALIASES.get(model_type, model_type) == "qwen2":
+                head_dim = hidden // heads  # mlx-lm's qwen2 ignores a head_dim entry
             quant = config.get("quantization") or config.get("quantization_config") or {}
             return cls(
-                model_type=str(config.get("model_type", "unknown")),
+                model_type=model_type,
                 hidden_size=hidden,
                 num_heads=heads,
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                head_dim=int(config.get("head_dim") or hidden // heads),
+                head_dim=head_dim,
                 intermediate_size=int(config["intermediate_size"]),
                 num_layers=int(config["num_hidden_layers"]),
                 vocab_size=int(config.get("vocab_size", 0)),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-                group_size=int(quant["group_size"]) if quant.get("bits") else None,
+                group_size=_layer_group_size(quant) if quant.get("bits") else None,
                 bits=int(quant["bits"]) if quant.get("bits") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"model config cannot be planned: missing or bad field {exc}") from None
+
+
+def _layer_group_size(quant: dict) -> int:
+    """The group size every split of a block's projections must respect.
+
+    mlx-lm configs may override quantization per layer ("model.layers.3.mlp.down_proj":
+    {"group_size": 64, ...}); a cut must then fall on a boundary of every group size used.
+    """
+    size = int(quant.get("group_size", 64))
+    for key, value in quant.items():
+        if isinstance(value, dict) and ".layers." in f".{key}" and value.get("group_size"):
+            size = math.lcm(size, int(value["group_size"]))
+    return size
 
 
 class RankShare(BaseModel):
@@ -126,7 +143,12 @@ class Plan(BaseModel):
                 )
             else:
                 body = f"layers {_span(r.layers)}"
-            extras = [name for name, on in (("embeddings", r.embeddings), ("head", r.head)) if on]
+            head = "head"
+            if not self.is_tensor and s.tie_word_embeddings and self.world_size > 1:
+                head = "tied head (on the final hidden state from the last stage)"
+            final_norm = not self.is_tensor and r.rank == self.world_size - 1
+            parts = (("embeddings", r.embeddings), ("final norm", final_norm), (head, r.head))
+            extras = [name for name, on in parts if on]
             if extras:
                 body += " + " + " + ".join(extras)
             lines.append(f"  rank {r.rank} (weight {r.weight:g}): {body}")

@@ -18,7 +18,9 @@ A single process (world 1) ignores the cases' parallelism and weights: it is the
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -54,14 +56,15 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         plan = make_plan(config, 1, None, "auto")
     else:
         plan = make_plan(config, world, case.get("weights"), case.get("parallelism", "auto"))
+    started = time.perf_counter()
     model = load_rank_model(model_dir, group, plan)
+    loaded = time.perf_counter()
     info = {
         "plan": plan.describe(),
         "strategy": plan.strategy,
         "weight_bytes": weight_bytes(model),
         "active_bytes": mx.get_active_memory(),
     }
-    (out / f"{case['name']}.rank{group.rank()}.json").write_text(json.dumps(info))
 
     prompt = mx.array(spec["prompt"])[None]
     cache = make_prompt_cache(model)
@@ -80,20 +83,24 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     batch_cache = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
     padded_logits = _last(model, padded, batch_cache)
 
-    singles = []
-    last = []
-    for sequence in sequences:
-        seq_cache = make_prompt_cache(model)
-        last.append(_last(model, mx.array(sequence)[None], seq_cache))
-        singles.append(seq_cache)
+    # Several forward calls, one eval at the end: the engine's step does the same.
+    singles = [make_prompt_cache(model) for _ in sequences]
+    rows = [
+        model(mx.array(sequence)[None], cache=seq_cache)[:, -1, :]
+        for sequence, seq_cache in zip(sequences, singles, strict=True)
+    ]
+    logits = mx.concatenate(rows, axis=0).astype(mx.float32)
+    mx.eval(logits, [c.state for seq_cache in singles for c in seq_cache])
     merged = [KVCache.merge([c[i] for c in singles]) for i in range(len(singles[0]))]
-    logits = mx.concatenate(last, axis=0)
     batch_logits = []
     for _ in range(spec["batch_steps"]):
         token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
         logits = _last(model, token[:, None], merged)
         batch_logits.append(logits)
 
+    info["load_s"] = round(loaded - started, 2)
+    info["run_s"] = round(time.perf_counter() - loaded, 2)
+    (out / f"{case['name']}.rank{group.rank()}.json").write_text(json.dumps(info))
     if group.rank() == 0:
         np.savez(
             out / f"{case['name']}.npz",
@@ -110,6 +117,12 @@ def main() -> None:
     out = Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     group = mx.distributed.init(strict=False, backend="ring")
+    # mlx.launch busy-loops relaying our stdin while it stays open; the caller sends it
+    # one byte after every rank printed this line, and then it stops.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    print(f"rank {group.rank()}: stdin detached", flush=True)
     for case in spec["cases"]:
         run_case(case, spec, group, out)
         print(f"rank {group.rank()}: case {case['name']} done", flush=True)

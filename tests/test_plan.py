@@ -1,0 +1,334 @@
+"""Split planner: shares, strategies, refusals, and property tests over many configs."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distributed.plan import Plan, PlanError, apportion, make_plan, parse_weights
+from distributed.tensor_parallel import slice_columns, slice_rows
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+SMOLLM2 = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+
+
+def config(**changes: object) -> dict:
+    return {**SMOLLM2, **changes}
+
+
+def q4(group_size: int = 32, **changes: object) -> dict:
+    return config(quantization={"group_size": group_size, "bits": 4}, **changes)
+
+
+def test_smollm2_on_two_ranks_is_uneven_tensor_with_whole_kv_groups() -> None:
+    plan = make_plan(SMOLLM2, 2, None, "auto")
+    assert plan.strategy == "tensor-uneven"
+    assert [r.kv_heads for r in plan.ranks] == [(0, 2), (2, 3)]
+    assert [r.q_heads for r in plan.ranks] == [(0, 6), (6, 9)]
+    assert [r.mlp_columns for r in plan.ranks] == [(0, 768), (768, 1536)]
+
+
+def test_smollm2_on_three_equal_ranks_uses_even_sharding() -> None:
+    plan = make_plan(SMOLLM2, 3, None, "tensor")
+    assert plan.strategy == "tensor-even"
+    assert [r.q_heads for r in plan.ranks] == [(0, 3), (3, 6), (6, 9)]
+
+
+def test_weights_two_one_one_split_the_mlp_two_one_one() -> None:
+    plan = make_plan(SMOLLM2, 3, [2, 1, 1], "tensor")
+    assert plan.strategy == "tensor-uneven"
+    assert [r.mlp_columns for r in plan.ranks] == [(0, 768), (768, 1152), (1152, 1536)]
+
+
+def test_quantized_mlp_moves_in_whole_groups() -> None:
+    plan = make_plan(q4(32), 3, [2, 1, 1], "tensor")
+    for share in plan.ranks:
+        start, end = share.mlp_columns
+        assert start % 32 == 0 and end % 32 == 0
+
+
+def test_pipeline_layers_follow_weights_with_embeddings_first_and_norm_last() -> None:
+    plan = make_plan(config(tie_word_embeddings=False), 3, [2, 1, 1], "pipeline")
+    assert [r.layers for r in plan.ranks] == [(0, 15), (15, 23), (23, 30)]
+    assert [r.embeddings for r in plan.ranks] == [True, False, False]
+    assert [r.head for r in plan.ranks] == [False, False, True]
+    assert "final norm" in plan.describe()[-1]
+
+
+def test_pipeline_with_tied_embeddings_keeps_the_head_on_rank_zero() -> None:
+    plan = make_plan(SMOLLM2, 2, None, "pipeline")
+    assert [r.head for r in plan.ranks] == [True, False]
+
+
+def test_auto_falls_back_to_pipeline_when_tensor_cannot_split() -> None:
+    plan = make_plan(SMOLLM2, 4, None, "auto")
+    assert plan.strategy == "pipeline"
+    assert [r.layers[1] - r.layers[0] for r in plan.ranks] == [8, 8, 7, 7]
+
+
+def test_single_rank_holds_everything() -> None:
+    plan = make_plan(SMOLLM2, 1, None, "tensor")
+    assert plan.strategy == "single" and plan.ranks[0].layers == (0, 30)
+
+
+def test_plan_dump_round_trips_and_describes_every_rank() -> None:
+    plan = make_plan(SMOLLM2, 3, [2, 1, 1], "auto")
+    assert Plan.model_validate(plan.model_dump()) == plan
+    lines = plan.describe()
+    assert len(lines) == 4 and "rank 2 (weight 1)" in lines[3]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "world", "weights", "mode", "reason", "alternative"),
+    [
+        (SMOLLM2, 4, None, "tensor", "3 KV heads, fewer than 4 ranks", "PARALLELISM=pipeline"),
+        (SMOLLM2, 31, None, "pipeline", "30 layers, 31 ranks", "at most 30 ranks"),
+        (SMOLLM2, 31, None, "auto", "30 layers, 31 ranks", "NUM_DEVICES=1"),
+        (SMOLLM2, 3, [1, 1], "auto", "2 rank weights given for 3 ranks", "RANK_WEIGHTS=1,1,1"),
+        (SMOLLM2, 2, [1, 0], "auto", "must all be positive", "2,1,1"),
+        (SMOLLM2, 2, [1, -2], "auto", "must all be positive", "2,1,1"),
+        (SMOLLM2, 2, [1, math.nan], "auto", "must all be positive", "2,1,1"),
+        # head_dim 48 with groups of 32: one KV group per rank puts a cut at column 48.
+        (
+            q4(32, head_dim=48, num_attention_heads=3),
+            3,
+            None,
+            "tensor",
+            "cut a quantization",
+            "PARALLELISM=pipeline",
+        ),
+        (
+            q4(64, intermediate_size=1000),
+            2,
+            None,
+            "tensor",
+            "quantization groups of 64",
+            "pipeline",
+        ),
+        (config(model_type="gemma3"), 2, None, "auto", "cannot be split", "NUM_DEVICES=1"),
+    ],
+)
+def test_refusals_say_why_and_what_would_work(
+    cfg: dict, world: int, weights: list | None, mode: str, reason: str, alternative: str
+) -> None:
+    with pytest.raises(PlanError) as caught:
+        make_plan(cfg, world, weights, mode)
+    assert reason in str(caught.value)
+    assert alternative in str(caught.value)
+
+
+def test_refusal_lists_world_sizes_where_tensor_works() -> None:
+    with pytest.raises(PlanError, match=r"NUM_DEVICES in \[2, 3\]"):
+        make_plan(SMOLLM2, 4, None, "tensor")
+
+
+def test_per_layer_quantization_overrides_tighten_the_group() -> None:
+    cfg = q4(32, head_dim=32, num_attention_heads=6, num_key_value_heads=6)
+    assert make_plan(cfg, 2, [1, 2], "tensor").strategy == "tensor-uneven"
+    cfg["quantization"]["model.layers.0.self_attn.o_proj"] = {"group_size": 128, "bits": 8}
+    with pytest.raises(PlanError, match="cut a quantization group of 128"):
+        make_plan(cfg, 2, [1, 2], "tensor")
+
+
+def test_parse_weights() -> None:
+    assert parse_weights("2,1,1") == [2.0, 1.0, 1.0]
+    assert parse_weights(" ") is None
+    with pytest.raises(PlanError):
+        parse_weights("2,x")
+
+
+def test_cli_prints_the_plan_and_refuses_with_status_2(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    run = [sys.executable, "-m", "distributed.plan", "--model", str(tmp_path), "--world", "3"]
+    done = subprocess.run(
+        run + ["--weights", "2,1,1"], capture_output=True, text=True, cwd=PROJECT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 (weight 2): kv heads 0 (1)" in done.stdout
+    bad = subprocess.run(
+        run[:-1] + ["5", "--parallelism", "tensor"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT,
+        check=False,
+    )
+    assert bad.returncode == 2 and "refused:" in bad.stderr
+
+
+# ---- slicing helpers on one process (the all_sum of a group of one is the identity) ----
+
+
+@pytest.mark.parametrize("bits", [None, 4, 8])
+def test_column_slices_sum_to_the_full_layer_with_the_bias_added_once(bits: int | None) -> None:
+    mx.random.seed(1)
+    group = mx.distributed.init(strict=False)
+    full = nn.Linear(128, 16, bias=True)
+    if bits:
+        full = nn.QuantizedLinear.from_linear(full, group_size=32, bits=bits)
+    x = mx.random.normal((2, 3, 128))
+    expected = full(x)
+    parts = []
+    for start, end in ((0, 64), (64, 128)):
+        copy = nn.QuantizedLinear(128, 16, True, 32, bits) if bits else nn.Linear(128, 16)
+        copy.update(full.parameters())
+        parts.append(slice_columns(copy, start, end, group))
+    bias = full["bias"]
+    total = parts[0](x[..., :64]) + parts[1](x[..., 64:]) - bias
+    assert mx.abs(total - expected).max().item() < 1e-4
+
+
+def test_row_slices_concatenate_to_the_full_layer() -> None:
+    full = nn.QuantizedLinear.from_linear(nn.Linear(64, 96, bias=True), group_size=32, bits=4)
+    x = mx.random.normal((1, 2, 64))
+    expected = full(x)
+    halves = []
+    for start, end in ((0, 40), (40, 96)):
+        copy = nn.QuantizedLinear(64, 96, True, 32, 4)
+        copy.update(full.parameters())
+        halves.append(slice_rows(copy, start, end)(x))
+    assert mx.abs(mx.concatenate(halves, axis=-1) - expected).max().item() < 1e-5
+
+
+def test_column_slice_that_cuts_a_group_is_refused() -> None:
+    layer = nn.QuantizedLinear(128, 16, False, 32, 4)
+    with pytest.raises(ValueError, match="cut a quantization group"):
+        slice_columns(layer, 0, 48, mx.distributed.init(strict=False))
+
+
+# ---- properties ----------------------------------------------------------------------
+
+weights_strategy = st.lists(
+    st.floats(min_value=0.05, max_value=20, allow_nan=False), min_size=1, max_size=8
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.integers(min_value=1, max_value=5000), weights=weights_strategy)
+def test_apportion_assigns_every_unit_once_near_its_ideal(total: int, weights: list) -> None:
+    if total < len(weights):
+        with pytest.raises(ValueError):
+            apportion(total, weights)
+        return
+    shares = apportion(total, weights)
+    assert sum(shares) == total and min(shares) >= 1
+    ideal = [total * w / sum(weights) for w in weights]
+    if min(ideal) >= 1:
+        assert all(abs(s - i) < 1 for s, i in zip(shares, ideal, strict=True))
+    else:
+        # A rank whose ideal is under one unit still gets exactly one; the others only
+        # give units away, so none holds more than its rounded-up ideal.
+        for share, want in zip(shares, ideal, strict=True):
+            assert share == 1 if want < 1 else 1 <= share <= math.ceil(want)
+
+
+def _covers(ranges: list[tuple[int, int]], total: int) -> bool:
+    return (
+        ranges[0][0] == 0
+        and ranges[-1][1] == total
+        and all(a[1] == b[0] and a[0] < a[1] for a, b in zip(ranges, ranges[1:], strict=False))
+        and ranges[-1][0] < ranges[-1][1]
+    )
+
+
+model_configs = st.builds(
+    lambda kv, group, head_dim, units, layers, bits, gs: {
+        "model_type": "qwen3",
+        "hidden_size": 256,
+        "num_attention_heads": kv * group,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "intermediate_size": units * (gs if bits else 1),
+        "num_hidden_layers": layers,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
+        **({"quantization": {"group_size": gs, "bits": bits}} if bits else {}),
+    },
+    kv=st.integers(1, 16),
+    group=st.integers(1, 8),
+    head_dim=st.sampled_from([16, 32, 48, 64, 80, 128]),
+    units=st.integers(1, 200),
+    layers=st.integers(1, 64),
+    bits=st.sampled_from([None, 4, 8]),
+    gs=st.sampled_from([32, 64, 128]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    cfg=model_configs,
+    weights=weights_strategy,
+    mode=st.sampled_from(["auto", "tensor", "pipeline"]),
+)
+def test_every_plan_assigns_every_unit_exactly_once(cfg: dict, weights: list, mode: str) -> None:
+    world = len(weights)
+    try:
+        plan = make_plan(cfg, world, weights, mode)
+    except PlanError as exc:
+        assert "What would work" in str(exc) or "world" in str(exc)
+        return
+    assert len(plan.ranks) == world
+    if plan.is_tensor:
+        kv = [r.kv_heads for r in plan.ranks]
+        mlp = [r.mlp_columns for r in plan.ranks]
+        assert _covers(kv, cfg["num_key_value_heads"])
+        assert _covers(mlp, cfg["intermediate_size"])
+        group = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+        assert all(r.q_heads == (r.kv_heads[0] * group, r.kv_heads[1] * group) for r in plan.ranks)
+        unit = cfg["quantization"]["group_size"] if "quantization" in cfg else 1
+        for r in plan.ranks:
+            assert r.mlp_columns[0] % unit == 0
+            assert (r.q_heads[0] * cfg["head_dim"]) % unit == 0
+        ideal = [cfg["intermediate_size"] // unit * w / sum(weights) for w in weights]
+        if min(ideal) >= 1:
+            shares = [(b - a) // unit for a, b in mlp]
+            assert all(abs(s - i) < 1 for s, i in zip(shares, ideal, strict=True))
+    elif plan.strategy == "pipeline":
+        layers = [r.layers for r in plan.ranks]
+        assert _covers(layers, cfg["num_hidden_layers"])
+        ideal = [cfg["num_hidden_layers"] * w / sum(weights) for w in weights]
+        if min(ideal) >= 1:
+            assert all(abs(b - a - i) < 1 for (a, b), i in zip(layers, ideal, strict=True))
+        assert sum(r.embeddings for r in plan.ranks) == 1 and plan.ranks[0].embeddings
+        assert sum(r.head for r in plan.ranks) == 1 and plan.ranks[-1].head
+    else:
+        assert world == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(cfg=model_configs, world=st.integers(2, 12))
+def test_refusals_happen_exactly_when_counts_cannot_split(cfg: dict, world: int) -> None:
+    kv_ok = world <= cfg["num_key_value_heads"]
+    try:
+        plan = make_plan(cfg, world, None, "tensor")
+    except PlanError as exc:
+        assert not kv_ok or "quantization" in str(exc) or "MLP units" in str(exc)
+    else:
+        assert kv_ok and plan.is_tensor
+    layers_ok = world <= cfg["num_hidden_layers"]
+    try:
+        make_plan(cfg, world, None, "pipeline")
+    except PlanError as exc:
+        assert not layers_ok and "layers" in str(exc)
+    else:
+        assert layers_ok
