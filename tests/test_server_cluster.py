@@ -96,12 +96,12 @@ def greedy(request_id: str, prompt: str, max_tokens: int, **params) -> Submit:
     return Submit(id=request_id, prompt=prompt, params=sampling)
 
 
-def mixed_batch(prefix: str = "") -> list[Submit]:
+def mixed_batch(prefix: str = "", greedy_tokens: int = 24, step: int = 3) -> list[Submit]:
     """Eight requests of different lengths and parameters (the first one greedy)."""
-    submits = [greedy(f"{prefix}g", "The quick brown fox", 24)]
+    submits = [greedy(f"{prefix}g", "The quick brown fox", greedy_tokens)]
     for i in range(1, 8):
         sampling = SamplingParams(
-            max_tokens=6 + 3 * i,
+            max_tokens=2 * step + step * i,
             temperature=0.5 + 0.1 * i,
             top_p=0.9,
             top_k=i * 10,
@@ -133,18 +133,24 @@ def test_status_reports_two_ready_ranks(cluster):
     assert oct(os.stat(cluster.socket_path).st_mode & 0o777) == "0o600"
 
 
-def test_eight_concurrent_requests_finish(cluster):
-    submits = mixed_batch()
-    with cluster.client() as client:
-        texts, tokens, final = run_requests(client, submits)
+def check_finished(submits: list[Submit], tokens: dict, final: dict) -> None:
+    """Every request ended with Done, consistent usage and a finish reason that fits."""
     for submit in submits:
         done = final[submit.id]
         assert isinstance(done, Done), done
         max_tokens = submit.params.max_tokens
         assert done.usage.completion_tokens == len(tokens[submit.id]) <= max_tokens
         assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
-        assert done.finish_reason == ("length" if len(tokens[submit.id]) == max_tokens else "stop")
+        # "stop" may also come on the last allowed token (an EOS there)
+        assert done.finish_reason == "stop" or len(tokens[submit.id]) == max_tokens
         assert done.timings.time_to_first_token_s > 0
+
+
+def test_eight_concurrent_requests_finish(cluster):
+    submits = mixed_batch()
+    with cluster.client() as client:
+        _, tokens, final = run_requests(client, submits)
+    check_finished(submits, tokens, final)
     assert final["g"].finish_reason == "length" and len(tokens["g"]) == 24
 
 
@@ -286,6 +292,30 @@ def test_idle_ranks_do_not_spin(cluster):
     time.sleep(3.0)
     used = {name: (_cpu_seconds(pid) - before[name]) / 3.0 for name, pid in pids.items()}
     assert all(share < 0.05 for share in used.values()), used
+
+
+# ---- the default model (SmolLM2-135M, imported as float32) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def default_cluster():
+    env = CLUSTER_ENV | {"IMPORT_DTYPE": "float32", "PREFILL_CHUNK_SIZE": "64"}
+    with Cluster("", ranks=2, env=env, ready_timeout=300) as running:
+        yield running
+
+
+def test_default_model_serves_a_batch_of_eight_like_one(default_cluster):
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    alone = Submit(id="alone", messages=chat, params=SamplingParams(max_tokens=8, temperature=0))
+    submits = mixed_batch("b", greedy_tokens=8, step=1)
+    submits[0] = alone.model_copy(update={"id": "bg"})
+    with default_cluster.client(timeout=300) as client:
+        texts_alone, tokens_alone, _ = run_requests(client, [alone])
+        texts, tokens, final = run_requests(client, submits)
+    check_finished(submits, tokens, final)
+    assert tokens["bg"] == tokens_alone["alone"]
+    assert texts["bg"] == texts_alone["alone"]
+    assert "Paris" in texts["bg"]
 
 
 # ---- clusters that end ----------------------------------------------------------------
