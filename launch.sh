@@ -89,7 +89,8 @@ kill_group() { # kill_group PIDFILE PATTERN NAME: TERM the group, KILL after 10 
 
 # Start a command as the leader of a new session (so stop can end its whole group),
 # with stdin, stdout and stderr already redirected by the caller. macOS has no setsid(1).
-detached() { "$PY" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
+# It execs, so that `detached ... &` leaves $! as the pid of the new session's leader.
+detached() { exec "$PY" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
 
 ranks_alive() { group_alive "$RANKS_PID" mlx.launch; }
 api_alive() { group_alive "$API_PID" api.py; }
@@ -224,15 +225,16 @@ wait_ranks() {
 # CPU use from /proc (Linux). A rank that had not closed its stdin yet keeps its pipe
 # watched, so a second byte follows when mlx.launch still spins.
 mark_stdin_done() {
-    local pid cpu try
+    local pid before="" cpu
     pid="$(pid_of "$RANKS_PID")"
-    for try in 1 2 3; do
+    [[ -r "/proc/$pid/stat" ]] && before="$(cpu_percent "$pid" 1)% before the stdin byte, "
+    for _ in 1 2 3; do
         "$PY" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK); os.write(fd, b"\n")' \
             "$STDIN_FIFO" 2>/dev/null || return 0
         [[ -r "/proc/$pid/stat" ]] || return 0
         cpu="$(cpu_percent "$pid" 1)"
         if ((cpu < 20)); then
-            info "mlx.launch idle CPU: ${cpu}% of a core"
+            info "mlx.launch CPU: ${before}${cpu}% after (of one core)"
             return 0
         fi
     done
@@ -288,7 +290,7 @@ cmd_start() {
     step "Ready: $url (OpenAI-compatible; logs: ./launch.sh logs, stop: ./launch.sh stop)"
     cat <<EOF
     curl $url/v1/chat/completions -H 'Content-Type: application/json' \\
-      -d '{"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+      -d '{"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 EOF
 }
 
