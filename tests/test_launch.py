@@ -1,0 +1,239 @@
+"""launch.sh end to end in local mode, in a copy of the project (its own run/, logs, port).
+
+One start/stop cycle serves most checks; the tests run in file order against it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from config.settings import PROJECT_DIR, Settings
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+START_TIMEOUT = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Project:
+    """A copy of the working tree with its own .env, sharing the project's .venv."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.port = port
+
+    def launch(
+        self, *args: str, env: dict | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        clean = {k: v for k, v in os.environ.items() if k.upper() not in _setting_names()}
+        clean.pop("ENV_FILE", None)
+        return subprocess.run(
+            ["./launch.sh", *args],
+            cwd=self.root,
+            env={**clean, **(env or {})},
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+
+    def pid(self, name: str) -> int:
+        return int((self.root / "run" / name).read_text().strip())
+
+
+def _setting_names() -> set[str]:
+    return {name.upper() for name in Settings.model_fields} | {"MODEL_REPO"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _ours(root: Path) -> list[str]:
+    """Command lines of running processes that belong to this copy of the project."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if str(root) in cmdline or cwd == str(root):
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    root = tmp_path_factory.mktemp("launch") / "project"
+    root.mkdir()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        check=True,
+    ).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = PROJECT_DIR / name
+        if source.is_file():
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            target.chmod(source.stat().st_mode)
+    (root / ".venv").symlink_to((PROJECT_DIR / ".venv").resolve())
+    port = _free_port()
+    (root / ".env").write_text(
+        f"API_PORT={port}\nMAX_SEQUENCE_LENGTH=1024\nDEFAULT_MAX_TOKENS=64\n"
+    )
+    proj = Project(root, port)
+    yield proj
+    proj.launch("stop", timeout=120)
+    assert not _ours(root), "processes left running after the tests"
+
+
+def test_help_and_unknown_command(project: Project) -> None:
+    done = project.launch("help")
+    assert done.returncode == 0
+    for command in ("start", "stop", "restart", "status", "test", "logs", "detect"):
+        assert re.search(rf"^  {command} ", done.stdout, re.MULTILINE), command
+    done = project.launch("frobnicate")
+    assert done.returncode == 2
+    assert "unknown command 'frobnicate'" in done.stderr
+
+
+def test_bad_env_value_fails_at_once_with_one_line(project: Project) -> None:
+    started = time.monotonic()
+    done = project.launch("start", env={"NUM_DEVICES": "zero"})
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: invalid setting NUM_DEVICES='zero': Input should be a valid integer, "
+        "unable to parse string as an integer"
+    ]
+    assert time.monotonic() - started < 20
+    assert not (project.root / "run" / "ranks.pid").exists()
+    assert not _ours(project.root)
+
+
+def test_stop_with_nothing_running_succeeds(project: Project) -> None:
+    done = project.launch("stop")
+    assert done.returncode == 0, done.stderr
+    assert "nothing was running" in done.stdout
+
+
+def test_failure_after_the_ranks_started_leaves_nothing_running(project: Project) -> None:
+    with socket.socket() as blocker:  # api.py cannot bind its port
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        blocker.bind(("127.0.0.1", project.port))
+        blocker.listen()
+        done = project.launch("start", timeout=START_TIMEOUT)
+    assert done.returncode == 1
+    assert "==> Ranks:" in done.stdout  # it got as far as the ranks
+    assert "error: " in done.stderr and "last lines of" in done.stderr and "api.log" in done.stderr
+    assert not _ours(project.root)
+    assert not list((project.root / "run").glob("*.pid"))
+
+
+def test_start_serves_and_start_again_is_a_no_op(project: Project) -> None:
+    done = project.launch("start", timeout=START_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Ready: http://127.0.0.1:{project.port}" in done.stdout
+    assert "curl http://127.0.0.1:" in done.stdout
+    cpu = re.search(r"mlx.launch CPU: (\d+)% before the stdin byte, (\d+)% after", done.stdout)
+    assert cpu and int(cpu.group(2)) < 20, done.stdout
+    first = project.pid("ranks.pid")
+    again = project.launch("start")
+    assert again.returncode == 0
+    assert "already running" in again.stdout
+    assert project.pid("ranks.pid") == first
+
+
+def test_status_shows_every_rank_and_health(project: Project) -> None:
+    done = project.launch("status")
+    assert done.returncode == 0, done.stdout
+    assert "mlx.launch: running" in done.stdout
+    assert re.search(r"^rank 0: running on 127\.0\.0\.1", done.stdout, re.MULTILINE)
+    assert re.search(r"^rank 1: running on 127\.0\.0\.1", done.stdout, re.MULTILINE)
+    assert "rank 0 socket: answering" in done.stdout
+    assert "health: ready (HTTP 200)" in done.stdout
+
+
+def test_test_command_answers_with_figures(project: Project) -> None:
+    done = project.launch("test", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^answer: .*Paris", done.stdout, re.MULTILINE), done.stdout
+    assert "perf:" in done.stdout and "completion tokens" in done.stdout
+
+
+def test_mlx_launch_idles_without_spinning(project: Project) -> None:
+    pid = project.pid("ranks.pid")
+    hz = os.sysconf("SC_CLK_TCK")
+    before, started = _cpu_ticks(pid), time.monotonic()
+    time.sleep(3)
+    share = (_cpu_ticks(pid) - before) / hz / (time.monotonic() - started)
+    assert share < 0.05, f"mlx.launch used {share:.0%} of a core while idle"
+
+
+def test_restart_gives_a_new_cluster(project: Project) -> None:
+    first = project.pid("ranks.pid")
+    done = project.launch("restart", timeout=START_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Ready:" in done.stdout
+    assert project.pid("ranks.pid") != first
+    assert not _alive(first)
+
+
+def test_status_tells_the_truth_when_a_rank_dies(project: Project) -> None:
+    rank1 = project.pid("rank-1.pid")
+    os.kill(rank1, 9)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = project.launch("status")
+        if "mlx.launch: DOWN" in done.stdout:
+            break
+        time.sleep(0.5)
+    assert done.returncode == 1
+    assert f"rank 1: DOWN on 127.0.0.1 (pid {rank1} is gone)" in done.stdout
+    assert "rank 0 socket: DOWN" in done.stdout
+    assert "api.py: running" in done.stdout  # the API stays up and says why
+    assert "health: not ready (HTTP 503)" in done.stdout
+
+
+def test_stop_ends_everything_and_is_idempotent(project: Project) -> None:
+    api = project.pid("api.pid")
+    done = project.launch("stop")
+    assert done.returncode == 0, done.stderr
+    assert "stopped api.py" in done.stdout
+    assert not _alive(api)
+    assert not _ours(project.root)
+    again = project.launch("stop")
+    assert again.returncode == 0
+    assert "nothing was running" in again.stdout
