@@ -131,8 +131,9 @@ class Leader:
             nonlocal sleeping
             if sleeping and wake is not None:
                 try:
+                    woke_at = time.time()
                     wake.wake()
-                    log.debug("woke the workers at %.6f", time.time())
+                    log.debug("woke the workers at %.6f", woke_at)
                 except OSError as exc:
                     _die(EXIT_PEER_GONE, f"a worker rank is gone (wake channel: {exc})")
             sleeping = plan.sleep or plan.stop

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -34,6 +35,10 @@ def init_group(backend: str) -> tuple[mx.distributed.Group, RankIdentity]:
 
     A single process started without mlx.launch gets a group of size 1.
     """
+    hostfile = os.environ.get("MLX_HOSTFILE", "")
+    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
+        # `mlx.launch -n 1` writes an empty hostfile, which the ring backend cannot parse.
+        del os.environ["MLX_HOSTFILE"]
     group = mx.distributed.init(strict=False, backend=backend)
     identity = RankIdentity(
         rank=group.rank(),
