@@ -3,12 +3,13 @@ record rank-0 logits, so the tests can compare sharded runs with one rank.
 
     logits_probe.py SPEC.json OUT_DIR
 
-SPEC: {"prompt": [ids], "others": [[ids], ...], "steps": 32, "batch_steps": 6,
-       "cases": [{"name", "model", "parallelism", "weights"}]}.
+SPEC: {"prompt": [ids], "steps": 32, "batch_steps": 6,
+       "cases": [{"name", "model", "parallelism", "weights", "prompt" (optional)}]}.
 For each case, rank 0 writes OUT_DIR/<name>.npz with:
   prompt_logits  last-position logits of the prompt (KVCache prefill)
   tokens         `steps` greedy tokens after it, and step_logits their logits
-  padded_logits  last-position logits of prompt+others, left-padded, through BatchKVCache
+  padded_logits  last-position logits of the prompt and its first half, left-padded,
+                 through BatchKVCache
   batch_logits   `batch_steps` greedy decode steps of the sequences prefilled one by one
                  with KVCache and merged into a BatchKVCache (as the engine does)
 Every rank writes OUT_DIR/<name>.rank<r>.json with its plan line and weight bytes.
@@ -30,7 +31,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT))
 
-from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
+from distributed.loader import gather_rank_memory, load_rank_model, weight_bytes  # noqa: E402
 from distributed.plan import make_plan  # noqa: E402
 
 
@@ -64,9 +65,11 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         "strategy": plan.strategy,
         "weight_bytes": weight_bytes(model),
         "active_bytes": mx.get_active_memory(),
+        "memory_gib": gather_rank_memory(group),
     }
 
-    prompt = mx.array(spec["prompt"])[None]
+    prompt_ids = case.get("prompt", spec["prompt"])
+    prompt = mx.array(prompt_ids)[None]
     cache = make_prompt_cache(model)
     logits = _last(model, prompt, cache)
     prompt_logits, step_logits, tokens = logits, [], []
@@ -76,7 +79,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         logits = _last(model, token[:, None], cache)
         step_logits.append(logits)
 
-    sequences = [spec["prompt"], *spec["others"]]
+    sequences = [prompt_ids, prompt_ids[: len(prompt_ids) // 2 + 1]]
     longest = max(len(s) for s in sequences)
     padding = [longest - len(s) for s in sequences]
     padded = mx.array([[0] * p + s for p, s in zip(padding, sequences, strict=True)])

@@ -1,0 +1,243 @@
+"""Real multi-rank runs (mlx.launch, ring backend, 127.0.0.1): sharded logits equal one rank's.
+
+One reference process and two launches (2 ranks, 3 ranks) run every case in sequence
+inside tests/support/logits_probe.py; each test then compares one case's rank-0 output
+with the single-rank reference: last-position prompt logits, 32 greedy tokens and their
+logits, a left-padded BatchKVCache prefill, and batched decode after merging KVCaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.cluster import OPENBLAS, PROJECT_DIR, VENV_BIN
+from tests.support.tiny_models import write_tiny_model
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+PROBE = PROJECT_DIR / "tests" / "support" / "logits_probe.py"
+FLOAT_TOLERANCE = 1e-4
+# Ranks hold the very same quantized weights, so only the summation order differs; real
+# quantization noise (quantized vs float weights) is orders of magnitude larger.
+QUANT_TOLERANCE = 1e-3
+SIX_HEADS = {
+    "hidden_size": 64,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 3,
+    "head_dim": 32,
+    "intermediate_size": 192,
+    "num_hidden_layers": 4,
+}
+TINY = {
+    "llama_f32": {"model_type": "llama", "num_hidden_layers": 4},
+    "llama_q4": {"model_type": "llama", "num_hidden_layers": 4, "quantize_bits": 4},
+    "qwen3_f32": {"model_type": "qwen3", "tie_word_embeddings": True, **SIX_HEADS},
+    "qwen3_q4": {
+        "model_type": "qwen3",
+        "tie_word_embeddings": True,
+        "quantize_bits": 4,
+        **SIX_HEADS,
+    },
+    # qwen2 has q/k/v biases and derives head_dim from hidden_size / heads (96 / 6).
+    "qwen2_f32": {**SIX_HEADS, "model_type": "qwen2", "hidden_size": 96, "head_dim": None},
+}
+PROMPT = [60, 124, 105, 109, 95, 115, 116, 97, 114, 116, 124, 62, 117, 115, 101, 114, 10, 72]
+SMOL_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 2, 198, 1, 4093]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    ranks: int
+    parallelism: str
+    weights: list[float] | None
+    strategy: str
+
+    @property
+    def quantized(self) -> bool:
+        return "_q4" in self.model
+
+
+CASES = [
+    Case("llama_f32_tensor2", "llama_f32", 2, "tensor", None, "tensor-even"),
+    Case("llama_q4_tensor2", "llama_q4", 2, "tensor", None, "tensor-even"),
+    Case("qwen3_f32_tensor2", "qwen3_f32", 2, "tensor", None, "tensor-uneven"),
+    Case("qwen3_q4_tensor2", "qwen3_q4", 2, "tensor", None, "tensor-uneven"),
+    Case("llama_f32_pipeline2", "llama_f32", 2, "pipeline", None, "pipeline"),
+    Case("qwen3_q4_pipeline2", "qwen3_q4", 2, "pipeline", None, "pipeline"),
+    Case("smol_tensor2", "smollm2", 2, "tensor", None, "tensor-uneven"),
+    Case("smol_pipeline2", "smollm2", 2, "pipeline", None, "pipeline"),
+    Case("qwen3_f32_tensor3w", "qwen3_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("qwen3_q4_tensor3w", "qwen3_q4", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("qwen2_f32_tensor3w", "qwen2_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("llama_q4_pipeline3w", "llama_q4", 3, "pipeline", [2, 1, 1], "pipeline"),
+    Case("qwen3_f32_pipeline3", "qwen3_f32", 3, "pipeline", None, "pipeline"),
+    Case("smol_tensor3w", "smollm2", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("smol_pipeline3w", "smollm2", 3, "pipeline", [2, 1, 1], "pipeline"),
+]
+
+
+def _spec(cases: list[dict], models: dict[str, Path]) -> dict:
+    for case in cases:
+        case["prompt"] = SMOL_PROMPT if case["model"] == "smollm2" else PROMPT
+        case["model"] = str(models[case["model"]])
+    return {"prompt": PROMPT, "steps": 32, "batch_steps": 4, "cases": cases}
+
+
+def _environment(ranks: int) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if OPENBLAS.exists():
+        env.setdefault("LD_PRELOAD", str(OPENBLAS))
+    env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
+    return env
+
+
+def _run_probe(spec: dict, out: Path, ranks: int, timeout: float) -> None:
+    """Run the probe on `ranks` ranks (1: a plain process); fail with its log tail."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    log_path = out / "probe.log"
+    command = [str(VENV_BIN / "python"), str(PROBE), str(spec_path), str(out)]
+    if ranks > 1:
+        port = random.randint(20000, 60000 - ranks)
+        command = [
+            str(VENV_BIN / "mlx.launch"),
+            "--backend",
+            "ring",
+            "-n",
+            str(ranks),
+            "--hosts",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--python",
+            str(VENV_BIN / "python"),
+            "--",
+            *command[1:],
+        ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=PROJECT_DIR,
+            env=_environment(ranks),
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    # A plain process (one rank) has no relay loop to stop.
+    deadline, nudged = time.monotonic() + timeout, ranks == 1
+    try:
+        while process.poll() is None:
+            if time.monotonic() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                pytest.fail(f"probe on {ranks} ranks timed out:\n{_tail(log_path)}")
+            if not nudged and log_path.read_text(errors="replace").count("stdin detached") >= ranks:
+                # Every rank closed its stdin: one byte stops mlx.launch's busy relay loop.
+                with contextlib.suppress(OSError):
+                    process.stdin.write(b"\n")
+                    process.stdin.flush()
+                nudged = True
+            time.sleep(0.2)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    assert process.returncode == 0, f"probe on {ranks} ranks failed:\n{_tail(log_path)}"
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    text = path.read_text(errors="replace").splitlines()
+    kept = [line for line in text if not line.startswith("[ring]")]
+    return "\n".join(kept[-lines:])
+
+
+def _smollm2_dir() -> Path:
+    """The default model imported as float32 (resolved once, cached by engine.model_source)."""
+    code = (
+        "from config.settings import load_settings\n"
+        "from engine.model_source import resolve_model\n"
+        "print(resolve_model(load_settings(model='', import_dtype='float32')))\n"
+    )
+    env = dict(os.environ, ENV_FILE="/nonexistent.env")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=PROJECT_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"cannot resolve the default model:\n{done.stderr[-2000:]}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("sharding")
+    models = {name: write_tiny_model(root / name, **shape) for name, shape in TINY.items()}
+    models["smollm2"] = _smollm2_dir()
+    outputs = {n: root / f"ranks{n}" for n in (1, 2, 3)}
+    reference = [{"name": f"ref_{m}", "model": m} for m in models]
+    _run_probe(_spec(reference, models), outputs[1], 1, 300)
+    for ranks in (2, 3):
+        cases = [
+            {"name": c.name, "model": c.model, "parallelism": c.parallelism, "weights": c.weights}
+            for c in CASES
+            if c.ranks == ranks
+        ]
+        _run_probe(_spec(cases, models), outputs[ranks], ranks, 480)
+    return outputs
+
+
+def _reference(results: dict[int, Path], model: str) -> np.lib.npyio.NpzFile:
+    return np.load(results[1] / f"ref_{model}.npz")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_sharded_model_matches_one_rank(results: dict[int, Path], case: Case) -> None:
+    out = results[case.ranks]
+    infos = [json.loads((out / f"{case.name}.rank{r}.json").read_text()) for r in range(case.ranks)]
+    assert {info["strategy"] for info in infos} == {case.strategy}, infos[0]["plan"]
+    # RANK_WEIGHTS=auto input: every rank gathers the same per-rank memory list.
+    assert all(info["memory_gib"] == infos[0]["memory_gib"] for info in infos)
+    assert len(infos[0]["memory_gib"]) == case.ranks and min(infos[0]["memory_gib"]) > 0
+    got, want = np.load(out / f"{case.name}.npz"), _reference(results, case.model)
+    assert got["tokens"].tolist() == want["tokens"].tolist(), "32 greedy tokens differ"
+    tolerance = QUANT_TOLERANCE if case.quantized else FLOAT_TOLERANCE
+    for key in ("prompt_logits", "step_logits", "padded_logits", "batch_logits"):
+        diff = float(np.abs(got[key].astype(np.float64) - want[key]).max())
+        assert diff <= tolerance, f"{key}: max |diff| {diff:.3g} > {tolerance:g}"
+
+
+def test_each_rank_holds_only_its_share_of_smollm2(results: dict[int, Path]) -> None:
+    single = json.loads((results[1] / "ref_smollm2.rank0.json").read_text())["weight_bytes"]
+    for case in (c for c in CASES if c.model == "smollm2"):
+        held = [
+            json.loads((results[case.ranks] / f"{case.name}.rank{r}.json").read_text())[
+                "weight_bytes"
+            ]
+            for r in range(case.ranks)
+        ]
+        assert max(held) < 0.75 * single, (case.name, held, single)
+        if case.strategy == "pipeline":
+            # Layers are disjoint and the tied head reuses rank 0's embeddings.
+            assert sum(held) == single, (case.name, held, single)
