@@ -237,12 +237,16 @@ def main() -> int:
     except ModelLoadError as exc:
         _die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
-    memory = mx.get_active_memory()
+    mine = RankStatus(
+        rank=ident.rank,
+        host=ident.host,
+        share=info.share,
+        weight_bytes=info.weight_bytes,
+        memory_bytes=mx.get_active_memory(),
+    )
     if not leader:
         assert isinstance(wake, WakeReceiver)
-        wake.send_ready(
-            {"rank": ident.rank, "host": ident.host, "share": info.share, "memory_bytes": memory}
-        )
+        wake.send_ready(mine.model_dump())
         log.info("ready; waiting for work")
         _worker_loop(engine, broadcaster, wake)
         return 0
@@ -250,10 +254,7 @@ def main() -> int:
     if wake is not None:
         wake.watch(leader.rank_lost)
     leader.info = info
-    leader.ranks = [RankStatus(rank=0, host=ident.host, share=info.share, memory_bytes=memory)]
-    leader.ranks += [
-        RankStatus(**{k: r[k] for k in ("rank", "host", "share", "memory_bytes")}) for r in reports
-    ]
+    leader.ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
     leader.scheduler = Scheduler(tokenizer, settings.max_batch_size, settings.max_sequence_length)
     leader.engine = engine
     leader.state = "ready"

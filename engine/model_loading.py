@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from config import Settings
 
@@ -33,6 +34,7 @@ class ModelInfo:
     config: dict
     plan: dict = field(default_factory=dict)
     share: str = "full model (replicated)"
+    weight_bytes: int = 0
 
 
 def resolve_model_dir(settings: Settings) -> Path:
@@ -63,20 +65,22 @@ def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[Any,
     try:
         if os.environ.get("RING_REPLICATED") == "1":
             raise ImportError("replicated loading forced by RING_REPLICATED=1")
-        from distributed.loader import load_rank_model
+        from distributed.loader import load_rank_model, resolve_weights, weight_bytes
         from distributed.plan import PlanError, make_plan
     except ImportError:
         model, _ = load_model(model_dir, lazy=False)
+        info.weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         log.info("loaded the full model from %s (replicated; no split planner yet)", model_dir)
     else:
-        weights = settings.parsed_rank_weights(group.size())
         try:
+            weights = resolve_weights(settings.rank_weights, group)
             plan = make_plan(config, group.size(), weights, settings.parallelism)
         except PlanError as exc:
             message = f"cannot split the model over {group.size()} ranks: {exc}"
             raise ModelLoadError(message) from None
         model = load_rank_model(model_dir, group, plan)
-        info.plan = plan.model_dump() if hasattr(plan, "model_dump") else {}
-        info.share = f"rank {group.rank()} of plan {type(plan).__name__}"
+        info.plan = plan.model_dump(mode="json")
+        info.share = plan.describe()[1 + group.rank()].strip()
+        info.weight_bytes = weight_bytes(model)
     tokenizer = load_tokenizer(model_dir) if group.rank() == 0 else None
     return model, tokenizer, info
