@@ -72,9 +72,19 @@ group_alive() { # group_alive PIDFILE PATTERN
     ps -p "$pid" -o command= 2>/dev/null | grep -q -- "$2"
 }
 
+# Members of the process group a pid file names, when its leader is gone (mlx.launch killed
+# alone leaves its local ranks and ssh clients behind); only processes that are ours count.
+orphans_of() { # orphans_of PIDFILE
+    local pid
+    pid="$(pid_of "$1")" || return 1
+    [[ -n "$pid" ]] || return 1
+    ps -eo pgid=,command= 2>/dev/null |
+        awk -v g="$pid" '$1 == g' | grep -q -e "$ROOT" -e 'server\.py' -e 'ssh .*-tt'
+}
+
 kill_group() { # kill_group PIDFILE PATTERN NAME: TERM the group, KILL after 10 s
     local pid
-    if group_alive "$1" "$2"; then
+    if group_alive "$1" "$2" || orphans_of "$1"; then
         pid="$(pid_of "$1")"
         kill -TERM -- "-$pid" 2>/dev/null
         for _ in $(seq 100); do
@@ -185,15 +195,18 @@ launch_ranks() {
     remote_mode || cwd_args=(--cwd "$ROOT")
     local rank_cmd='d=$1; shift; if [ "$MLX_RANK" != 0 ] && [ -n "$d" ]; then
 case $d in "~"*) d=$HOME${d#"~"} ;; esac; cd "$d" || exit 1; fi; exec ./scripts/rank.sh "$@"'
-    local overrides=()
+    local overrides=() line
+    local path="$PATH"
     if remote_mode; then
         while IFS= read -r line; do overrides+=("$line"); done < <(env_overrides)
+        # the same busy loop on each remote rank's ssh pipe: see scripts/ssh-wrapper/ssh
+        MLX_RING_REAL_SSH="$(command -v ssh)"
+        export MLX_RING_REAL_SSH
+        path="$ROOT/scripts/ssh-wrapper:$PATH"
     fi
-    {
-        printf '\n==== %s start: %s ranks\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$world"
-    } >>"$SERVER_LOG"
-    detached "$ROOT/.venv/bin/mlx.launch" --hostfile "$ROOT/hosts.json" \
-        --backend "$(cfg DISTRIBUTED_BACKEND)" --starting-port "$port" "${cwd_args[@]}" \
+    printf '\n==== %s start: %s ranks\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$world" >>"$SERVER_LOG"
+    PATH="$path" detached "$ROOT/.venv/bin/mlx.launch" --hostfile "$ROOT/hosts.json" \
+        --backend "$(cfg DISTRIBUTED_BACKEND)" --starting-port "$port" ${cwd_args[@]+"${cwd_args[@]}"} \
         ${overrides[@]+"${overrides[@]}"} --python /bin/sh -- -c "$rank_cmd" rank \
         "$remote_dir" server.py \
         3<>"$STDIN_FIFO" <"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
@@ -329,7 +342,7 @@ cmd_stop() {
     if ! ranks_alive && ! api_alive; then
         step "Stop"
         stop_all quiet # leftovers: a rank whose mlx.launch died, remote ranks
-        info "nothing was running"
+        info "nothing was running (no api.py, no mlx.launch)"
         return 0
     fi
     step "Stop"
