@@ -32,6 +32,11 @@ class SummedLinear(nn.Module):
         return y
 
 
+def _own(view: mx.array) -> mx.array:
+    # A slice is a view that would keep the whole tensor's buffer alive; copy it out.
+    return mx.contiguous(view)
+
+
 def _check_affine(layer: nn.Module) -> None:
     if isinstance(layer, nn.QuantizedLinear) and getattr(layer, "mode", "affine") != "affine":
         raise ValueError(f"uneven tensor split supports affine quantization, not {layer.mode}")
@@ -45,7 +50,7 @@ def slice_rows(layer: nn.Module, start: int, end: int) -> nn.Module:
         names += ["scales", "biases"]
     for name in names:
         if name in layer and layer[name] is not None:
-            layer[name] = layer[name][start:end]
+            layer[name] = _own(layer[name][start:end])
     return layer
 
 
@@ -59,12 +64,12 @@ def slice_columns(
         size, per_word = layer.group_size, 32 // layer.bits
         if start % size or end % size:
             raise ValueError(f"columns {start}-{end} cut a quantization group of {size}")
-        layer.weight = layer.weight[:, start // per_word : end // per_word]
-        layer.scales = layer.scales[:, start // size : end // size]
+        layer.weight = _own(layer.weight[:, start // per_word : end // per_word])
+        layer.scales = _own(layer.scales[:, start // size : end // size])
         if layer.get("biases") is not None:
-            layer.biases = layer.biases[:, start // size : end // size]
+            layer.biases = _own(layer.biases[:, start // size : end // size])
     else:
-        layer.weight = layer.weight[:, start:end]
+        layer.weight = _own(layer.weight[:, start:end])
     return SummedLinear(layer, bias, group)
 
 

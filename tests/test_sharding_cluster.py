@@ -238,6 +238,10 @@ def test_each_rank_holds_only_its_share_of_smollm2(results: dict[int, Path]) -> 
             for r in range(case.ranks)
         ]
         assert max(held) < 0.75 * single, (case.name, held, single)
+        for r in range(case.ranks):
+            info = json.loads((results[case.ranks] / f"{case.name}.rank{r}.json").read_text())
+            # Only the rank's own slices stay alive (no view pins a whole loaded tensor).
+            assert info["active_bytes"] < 1.02 * info["weight_bytes"] + 2**22, (case.name, r)
         if case.strategy == "pipeline":
             # Layers are disjoint and the tied head reuses rank 0's embeddings.
             assert sum(held) == single, (case.name, held, single)

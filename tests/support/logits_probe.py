@@ -57,6 +57,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         plan = make_plan(config, 1, None, "auto")
     else:
         plan = make_plan(config, world, case.get("weights"), case.get("parallelism", "auto"))
+    mx.reset_peak_memory()
     started = time.perf_counter()
     model = load_rank_model(model_dir, group, plan)
     loaded = time.perf_counter()
@@ -65,6 +66,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         "strategy": plan.strategy,
         "weight_bytes": weight_bytes(model),
         "active_bytes": mx.get_active_memory(),
+        "peak_load_bytes": mx.get_peak_memory(),
         "memory_gib": gather_rank_memory(group),
     }
 
