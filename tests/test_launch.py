@@ -202,13 +202,16 @@ def test_mlx_launch_idles_without_spinning(project: Project) -> None:
     assert share < 0.05, f"mlx.launch used {share:.0%} of a core while idle"
 
 
-def test_restart_gives_a_new_cluster(project: Project) -> None:
+def test_restart_with_an_environment_override(project: Project) -> None:
     first = project.pid("ranks.pid")
-    done = project.launch("restart", timeout=START_TIMEOUT)
+    done = project.launch("restart", env={"NUM_DEVICES": "3"}, timeout=START_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "local mode: 3 ranks on 127.0.0.1" in done.stdout
     assert "Ready:" in done.stdout
     assert project.pid("ranks.pid") != first
     assert not _alive(first)
+    status = project.launch("status")
+    assert re.search(r"^rank 2: running on 127\.0\.0\.1", status.stdout, re.MULTILINE)
 
 
 def test_status_tells_the_truth_when_a_rank_dies(project: Project) -> None:
