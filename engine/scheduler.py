@@ -106,12 +106,17 @@ class Scheduler:
             message = f"cannot tokenize the prompt: {exc}"
             self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
             return
+        if not prompt:
+            message = "the prompt is empty after tokenization; send at least one token"
+            self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
+            return
         limit = self.max_sequence_length - submit.params.max_tokens
-        if not prompt or len(prompt) > limit:
+        if len(prompt) > limit:
             message = (
                 f"the prompt has {len(prompt)} tokens; with max_tokens="
-                f"{submit.params.max_tokens} it must have between 1 and {max(limit, 0)} "
-                f"(MAX_SEQUENCE_LENGTH={self.max_sequence_length})"
+                f"{submit.params.max_tokens} it may have at most {max(limit, 0)} "
+                f"(MAX_SEQUENCE_LENGTH={self.max_sequence_length}); shorten the prompt "
+                "or lower max_tokens"
             )
             self.outbox.append((conn, Error(id=submit.id, code="prompt_too_long", message=message)))
             return

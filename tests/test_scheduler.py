@@ -1,0 +1,102 @@
+"""Rank 0's scheduler without a model: admission, refusals, cancellation, plans."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from engine.batch_engine import BatchEngine, StepResult
+from engine.scheduler import Scheduler
+from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from tests.support.tiny_models import write_byte_tokenizer
+
+EOS = 258  # <|im_end|> in the byte tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tok")
+    write_byte_tokenizer(directory)
+    return load_tokenizer(directory)
+
+
+def submit(request_id: str, prompt: str = "hi", max_tokens: int = 4, **params) -> Submit:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)
+    return Submit(id=request_id, prompt=prompt, params=sampling)
+
+
+def sent(scheduler: Scheduler) -> list:
+    messages = [message for _, message in scheduler.outbox]
+    scheduler.outbox.clear()
+    return messages
+
+
+def one_hot(rows: list[int], vocab: int = 259) -> mx.array:
+    return mx.array([[10.0 if i == t else 0.0 for i in range(vocab)] for t in rows])
+
+
+def test_refusals_never_reach_a_plan(tokenizer):
+    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=32)
+    scheduler.submit("c", submit("long", "x" * 40, max_tokens=4))
+    scheduler.submit("c", submit("empty", ""))
+    scheduler.submit("c", submit("ok"))
+    scheduler.submit("c", submit("ok"))
+    errors = {m.id: m.code for m in sent(scheduler) if isinstance(m, Error)}
+    assert errors == {"long": "prompt_too_long", "empty": "invalid_request", "ok": "duplicate_id"}
+    plan = scheduler.build_plan(BatchEngine(None, 16))
+    assert [i.tokens for i in plan.inserts] == [list(b"hi")]
+
+
+def test_admission_stops_at_max_batch_size(tokenizer):
+    scheduler = Scheduler(tokenizer, max_batch_size=2, max_sequence_length=64)
+    for i in range(3):
+        scheduler.submit("c", submit(f"r{i}"))
+    assert [type(m) for m in sent(scheduler)] == [Started] * 3
+    engine = BatchEngine(None, 16)
+    plan = scheduler.build_plan(engine)
+    engine.apply(plan)
+    assert len(plan.inserts) == 2 and len(scheduler.queue) == 1
+
+
+def test_tokens_eos_and_cancel_flow_into_plans(tokenizer):
+    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=64)
+    scheduler.submit("c", submit("a", max_tokens=3))
+    scheduler.submit("c", submit("b", max_tokens=3))
+    sent(scheduler)
+    engine = BatchEngine(None, 16)
+    engine.apply(scheduler.build_plan(engine))
+    seq_a, seq_b = (p.seq_id for p in engine.prefilling)
+    # Pretend both prompts finished prefilling: "a" samples 'Z', "b" samples EOS.
+    engine.prefilling.clear()
+    engine.decode_ids, engine.decode_lengths = [seq_a, seq_b], [2, 2]
+    scheduler.on_result(StepResult([seq_a, seq_b], one_hot([ord("Z"), EOS])))
+    messages = sent(scheduler)
+    assert any(isinstance(m, Delta) and m.id == "a" and m.text == "Z" for m in messages)
+    assert any(isinstance(m, Done) and m.id == "b" and m.finish_reason == "stop" for m in messages)
+    plan = scheduler.build_plan(engine)
+    assert plan.removes == [seq_b] and plan.tokens == [ord("Z")]
+    scheduler.cancel("c", "a")
+    (done,) = sent(scheduler)
+    assert done.finish_reason == "cancelled" and done.usage.completion_tokens == 1
+    assert scheduler.to_remove == [seq_a]
+
+
+def test_stop_string_cuts_the_text(tokenizer):
+    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=64)
+    scheduler.submit("c", submit("s", max_tokens=10, stop=["cd"]))
+    sent(scheduler)
+    engine = BatchEngine(None, 16)
+    engine.apply(scheduler.build_plan(engine))
+    seq = engine.prefilling[0].seq_id
+    text = ""
+    for char in "abcde":
+        scheduler.on_result(StepResult([seq], one_hot([ord(char)])))
+        for message in sent(scheduler):
+            if isinstance(message, Delta):
+                text += message.text
+            if isinstance(message, Done):
+                assert message.finish_reason == "stop"
+                assert text == "ab"
+                return
+    pytest.fail("the stop string did not end the request")
