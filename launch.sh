@@ -31,6 +31,12 @@ show_tail() { # show_tail FILE [LINES]
     printf -- '----\n' >&2
 }
 
+first_error() { # ": <message>" of the first ERROR line since the last start marker
+    local line
+    line="$(awk '/^==== .* start/ { found = "" } / ERROR / && !found { found = $0 } END { print found }' "$1")"
+    [[ -n "$line" ]] && printf ': %s' "${line#* ERROR }"
+}
+
 # ---- settings ---------------------------------------------------------------------------
 
 load_settings() { # validate .env + environment; one line per bad variable, exit 2
@@ -222,7 +228,7 @@ wait_ranks() {
     while ((SECONDS < deadline)); do
         # kill -0, not ranks_alive: right after the fork mlx.launch may not lead its group yet
         kill -0 "$(pid_of "$RANKS_PID")" 2>/dev/null ||
-            abort_start "the ranks exited during start" "$SERVER_LOG"
+            abort_start "the ranks exited during start$(first_error "$SERVER_LOG")" "$SERVER_LOG"
         if [[ -S "$socket" ]]; then
             [[ -z "$shown" ]] && info "socket is up; waiting for every rank to load" && shown=1
             "$PY" -m ipc.client wait-ready --socket "$socket" --timeout 5 >"$RUN/ready.txt" 2>&1 &&
@@ -263,6 +269,25 @@ cpu_percent() { # cpu_percent PID SECONDS: whole-process CPU from /proc/PID/stat
     echo $(((after - before) * 100 / hz / $2))
 }
 
+check_api_port() { # before anything starts: api.py could not bind later
+    local why
+    why="$("$PY" -c '
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+with socket.socket(family) as sock:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        print(exc.strerror or exc)
+' "$(cfg API_HOST)" "$(cfg API_PORT)")"
+    [[ -z "$why" ]] && return 0
+    fail "API_HOST:API_PORT $(cfg API_HOST):$(cfg API_PORT) cannot be used ($why): stop what" \
+        "holds it or set API_PORT to a free port"
+    exit 1
+}
+
 start_api() {
     local pid url
     url="$(api_url)"
@@ -291,6 +316,7 @@ cmd_start() {
         info "found part of a cluster running: stopping it first"
         stop_all quiet
     fi
+    check_api_port
     resolve_model
     write_hosts
     remote_mode && sync_workers

@@ -149,15 +149,26 @@ def test_stop_with_nothing_running_succeeds(project: Project) -> None:
     assert "nothing was running" in done.stdout
 
 
-def test_failure_after_the_ranks_started_leaves_nothing_running(project: Project) -> None:
-    with socket.socket() as blocker:  # api.py cannot bind its port
+def test_busy_api_port_fails_before_anything_starts(project: Project) -> None:
+    with socket.socket() as blocker:
         blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         blocker.bind(("127.0.0.1", project.port))
         blocker.listen()
-        done = project.launch("start", timeout=START_TIMEOUT)
+        done = project.launch("start")
     assert done.returncode == 1
-    assert "==> Ranks:" in done.stdout  # it got as far as the ranks
-    assert "error: " in done.stderr and "last lines of" in done.stderr and "api.log" in done.stderr
+    assert f"127.0.0.1:{project.port} cannot be used (Address already in use)" in done.stderr
+    assert "==> Ranks:" not in done.stdout
+    assert not _ours(project.root)
+
+
+def test_failure_after_the_ranks_started_leaves_nothing_running(project: Project) -> None:
+    # 4 ranks cannot split SmolLM2's 3 KV heads in tensor mode: the ranks refuse the plan
+    env = {"NUM_DEVICES": "4", "PARALLELISM": "tensor"}
+    done = project.launch("start", env=env, timeout=START_TIMEOUT)
+    assert done.returncode == 1
+    assert "==> Ranks: 4 x server.py" in done.stdout  # it got as far as the ranks
+    assert "error: the ranks exited during start: cannot load the model" in done.stderr
+    assert "last lines of" in done.stderr and "server.log" in done.stderr
     assert not _ours(project.root)
     assert not list((project.root / "run").glob("*.pid"))
 
