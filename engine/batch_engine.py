@@ -28,7 +28,7 @@ class PlanMismatchError(Exception):
     """This rank's batch differs from rank 0's; the job must stop."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Prefill:
     seq_id: int
     tokens: list[int]
@@ -130,11 +130,21 @@ class BatchEngine:
             rows.append(self._forward(inputs, self._decode_cache))
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
         budget = self.prefill_chunk_size
-        finished: list[tuple[_Prefill, mx.array]] = []
         prefill_tokens = 0
+        # (entries, logits of their last positions, their batch cache or None)
+        finished: list[tuple[list[_Prefill], mx.array, list | None]] = []
+        group = self._fresh_group(budget)
+        if len(group) > 1:
+            logits, cache = self._prefill_together(group)
+            finished.append((group, logits, cache))
+            width = max(len(e.tokens) for e in group)
+            budget -= len(group) * width
+            prefill_tokens += sum(len(e.tokens) for e in group)
         for entry in self.prefilling:
             if budget <= 0:
                 break
+            if len(group) > 1 and entry in group:
+                continue
             if not entry.cache:
                 entry.cache = make_prompt_cache(self.model)
             end = min(len(entry.tokens), entry.position + budget)
@@ -144,21 +154,49 @@ class BatchEngine:
             prefill_tokens += end - entry.position
             entry.position = end
             if end == len(entry.tokens):
-                finished.append((entry, logits))
+                finished.append(([entry], logits, None))
             else:
                 # Evaluate per chunk so the lazy graph of a long prompt stays small.
                 self._eval(_cache_arrays(entry.cache))
-        for entry, logits in finished:
+        pending = []
+        for entries, logits, cache in finished:
             rows.append(logits)
-            seq_ids.append(entry.seq_id)
+            seq_ids += [e.seq_id for e in entries]
+            pending += _cache_arrays(cache if cache is not None else entries[0].cache)
         logits = mx.concatenate(rows, axis=0) if rows else None
-        pending = [a for e, _ in finished for a in _cache_arrays(e.cache)]
         if logits is not None:
             self._eval([logits, *pending])
-        for entry, _ in finished:
-            self._join(entry)
+        for entries, _, cache in finished:
+            self._join(entries, cache)
         self.step_index += 1
         return StepResult(seq_ids, logits, prefill_tokens)
+
+    def _fresh_group(self, budget: int) -> list[_Prefill]:
+        """Leading unstarted prompts that fit the budget together (left-padded)."""
+        group: list[_Prefill] = []
+        width = 0
+        for entry in self.prefilling:
+            if entry.position:
+                break
+            wider = max(width, len(entry.tokens))
+            if (len(group) + 1) * wider > budget:
+                break
+            group.append(entry)
+            width = wider
+        return group
+
+    def _prefill_together(self, group: list[_Prefill]) -> tuple[mx.array, list]:
+        """One forward for several whole prompts, left-padded into one batch cache."""
+        width = max(len(e.tokens) for e in group)
+        padding = [width - len(e.tokens) for e in group]
+        tokens = mx.array([[0] * p + e.tokens for p, e in zip(padding, group, strict=True)])
+        fresh = [make_prompt_cache(self.model) for _ in group]
+        cache = [layers[0].merge(list(layers)) for layers in zip(*fresh, strict=True)]
+        for layer in cache:
+            layer.prepare(left_padding=padding)
+        for entry in group:
+            entry.position = len(entry.tokens)
+        return self._forward(tokens.astype(mx.uint32), cache), cache
 
     def _eval(self, arrays: list) -> None:
         if self._guard is None:
@@ -167,16 +205,19 @@ class BatchEngine:
             with self._guard("forward pass (all_sum inside sharded layers)"):
                 mx.eval(arrays)
 
-    def _join(self, entry: _Prefill) -> None:
-        self.prefilling.remove(entry)
-        merged = [layer.merge([layer]) for layer in entry.cache]
+    def _join(self, entries: list[_Prefill], cache: list | None) -> None:
+        """Move finished prompts into the decode batch (cache: their batch cache, if any)."""
+        for entry in entries:
+            self.prefilling.remove(entry)
+        if cache is None:
+            cache = [layer.merge([layer]) for layer in entries[0].cache]
         if self._decode_cache is None:
-            self._decode_cache = merged
+            self._decode_cache = cache
         else:
-            for mine, theirs in zip(self._decode_cache, merged, strict=True):
+            for mine, theirs in zip(self._decode_cache, cache, strict=True):
                 mine.extend(theirs)
-        self.decode_ids.append(entry.seq_id)
-        self.decode_lengths.append(len(entry.tokens))
+        self.decode_ids += [e.seq_id for e in entries]
+        self.decode_lengths += [len(e.tokens) for e in entries]
 
     def advance_idle(self) -> None:
         """Count a step that ran no compute (sleep/stop plans) so step numbers agree."""
