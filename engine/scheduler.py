@@ -8,6 +8,7 @@ prompt-length limit (a refused prompt is answered here and never broadcast).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from ipc.protocol import (
     TopLogprob,
     Usage,
 )
+
+log = logging.getLogger("ring.scheduler")
 
 Outbox = list[tuple[Any, Any]]  # (connection key, message)
 
@@ -94,21 +97,21 @@ class Scheduler:
         key = (conn, submit.id)
         if key in self.by_key:
             message = f"request id {submit.id!r} is already running on this connection"
-            self.outbox.append((conn, Error(id=submit.id, code="duplicate_id", message=message)))
+            self._refuse(conn, submit.id, "duplicate_id", message)
             return
         if (submit.messages is None) == (submit.prompt is None):
             message = "give exactly one of 'messages' (chat) or 'prompt' (completion)"
-            self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
+            self._refuse(conn, submit.id, "invalid_request", message)
             return
         try:
             prompt = self._encode(submit)
         except Exception as exc:  # a template or tokenizer rejecting this input
             message = f"cannot tokenize the prompt: {exc}"
-            self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
+            self._refuse(conn, submit.id, "invalid_request", message)
             return
         if not prompt:
             message = "the prompt is empty after tokenization; send at least one token"
-            self.outbox.append((conn, Error(id=submit.id, code="invalid_request", message=message)))
+            self._refuse(conn, submit.id, "invalid_request", message)
             return
         limit = self.max_sequence_length - submit.params.max_tokens
         if len(prompt) > limit:
@@ -118,7 +121,7 @@ class Scheduler:
                 f"(MAX_SEQUENCE_LENGTH={self.max_sequence_length}); shorten the prompt "
                 "or lower max_tokens"
             )
-            self.outbox.append((conn, Error(id=submit.id, code="prompt_too_long", message=message)))
+            self._refuse(conn, submit.id, "prompt_too_long", message)
             return
         request = Request(
             conn=conn,
@@ -134,6 +137,10 @@ class Scheduler:
         self.by_key[key] = request
         self.queue.append(request)
         self.outbox.append((conn, Started(id=submit.id, prompt_tokens=len(prompt))))
+
+    def _refuse(self, conn: Any, request_id: str, code: str, message: str) -> None:
+        log.info("refused request %s (%s): %s", request_id, code, message)
+        self.outbox.append((conn, Error(id=request_id, code=code, message=message)))
 
     def cancel(self, conn: Any, request_id: str, notify: bool = True) -> None:
         """Drop a request wherever it is; it leaves the batch at the next step."""
@@ -260,8 +267,18 @@ class Scheduler:
         if request.seq_id in self.active:
             del self.active[request.seq_id]
             self.to_remove.append(request.seq_id)
+        done = self._done(request, reason)
         if notify:
-            self.outbox.append((request.conn, self._done(request, reason)))
+            self.outbox.append((request.conn, done))
+        log.info(
+            "request %s %s: %d prompt + %d completion tokens, first token %.3f s, %.1f tok/s",
+            request.id,
+            reason if notify else "cancelled (client went away)",
+            done.usage.prompt_tokens,
+            done.usage.completion_tokens,
+            done.timings.time_to_first_token_s,
+            done.timings.generation_tokens_per_second,
+        )
 
     def _done(self, request: Request, reason: str) -> Done:
         end = time.monotonic()
