@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,6 +16,8 @@ from mlx_lm.utils import load_model
 from distributed.pipeline import PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError
 from distributed.tensor_parallel import shard_model
+
+log = logging.getLogger("ring.plan")
 
 
 def local_memory_bytes() -> int:
@@ -71,12 +75,23 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
         raise PlanError(f"plan was made for a different model than {model_dir}")
     if group.size() != plan.world_size:
         raise PlanError(f"plan is for {plan.world_size} ranks, the group has {group.size()}")
+    lines = plan.describe()
+    for line in lines if group.rank() == 0 else lines[group.rank() + 1 : group.rank() + 2]:
+        log.info(line.strip())
+    started = time.perf_counter()
     model, _ = load_model(model_dir, lazy=True)
     if plan.is_tensor:
         model = shard_model(model, plan, group)
     elif plan.strategy == "pipeline":
         model = PipelineStage(model, plan, group)
     _materialize(model)
+    log.info(
+        "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s",
+        group.rank(),
+        weight_bytes(model) / 2**20,
+        plan.strategy,
+        time.perf_counter() - started,
+    )
     if group.size() > 1:
         mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
     return model

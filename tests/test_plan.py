@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -157,8 +158,6 @@ def test_parse_weights() -> None:
 
 
 def test_cli_prints_the_plan_and_refuses_with_status_2(tmp_path: Path) -> None:
-    import json
-
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
     run = [sys.executable, "-m", "distributed.plan", "--model", str(tmp_path), "--world", "3"]
     done = subprocess.run(
@@ -332,3 +331,32 @@ def test_refusals_happen_exactly_when_counts_cannot_split(cfg: dict, world: int)
         assert not layers_ok and "layers" in str(exc)
     else:
         assert layers_ok
+
+
+# ---- loader helpers on one process ---------------------------------------------------
+
+
+def test_rank_weights_resolve_from_the_setting() -> None:
+    from distributed.loader import resolve_weights
+
+    group = mx.distributed.init(strict=False)
+    assert resolve_weights("", group) is None
+    assert resolve_weights("2,1,1", group) == [2.0, 1.0, 1.0]
+    auto = resolve_weights("auto", group)
+    assert len(auto) == 1 and auto[0] > 0.1  # this machine's memory in GiB
+    with pytest.raises(PlanError, match="RANK_WEIGHTS"):
+        resolve_weights("two", group)
+
+
+def test_loader_refuses_a_plan_made_for_another_model(tmp_path: Path) -> None:
+    from distributed.loader import load_rank_model, weight_bytes
+    from tests.support.tiny_models import write_tiny_model
+
+    model_dir = write_tiny_model(tmp_path / "tiny", num_hidden_layers=2)
+    group = mx.distributed.init(strict=False)
+    with pytest.raises(PlanError, match="different model"):
+        load_rank_model(model_dir, group, make_plan(SMOLLM2, 1, None, "auto"))
+    own = json.loads((model_dir / "config.json").read_text())
+    model = load_rank_model(model_dir, group, make_plan(own, 1, None, "auto"))
+    assert 0 < weight_bytes(model) <= (model_dir / "model.safetensors").stat().st_size
+    assert model(mx.array([[1, 2, 3]])).shape == (1, 3, own["vocab_size"])
