@@ -417,7 +417,7 @@ cmd_status() {
     fi
     if state="$(rank_state)"; then
         echo "rank 0 socket: answering"
-        printf '%s\n' "$state" | sed 's/^/    /'
+        printf '%s\n' "$state" | "$PY" scripts/status_summary.py | sed 's/^/    /'
     else
         echo "rank 0 socket: DOWN ($(cfg SOCKET_PATH) does not answer)"
         ok=1

@@ -195,6 +195,8 @@ def test_status_shows_every_rank_and_health(project: Project) -> None:
     assert re.search(r"^rank 0: running on 127\.0\.0\.1", done.stdout, re.MULTILINE)
     assert re.search(r"^rank 1: running on 127\.0\.0\.1", done.stdout, re.MULTILINE)
     assert "rank 0 socket: answering" in done.stdout
+    assert re.search(r"state ready, .*2 rank\(s\), plan \S+", done.stdout), done.stdout
+    assert re.search(r"^    rank 1, on .*weight 1", done.stdout, re.MULTILINE)
     assert "health: ready (HTTP 200)" in done.stdout
 
 

@@ -1,0 +1,56 @@
+"""Summarise rank 0's Status JSON (stdin) for `./launch.sh status`: state, plan, ranks.
+
+Tolerant of missing fields: whatever is absent is left out. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _span(value: object) -> str:
+    if isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}-{value[1]}"
+    return str(value)
+
+
+def summarise(status: dict) -> list[str]:
+    """Lines describing the model, the plan and each rank."""
+    plan = status.get("plan") or {}
+    lines = [
+        f"state {status.get('state', '?')}, model {status.get('model_id', '?')}, "
+        f"backend {status.get('backend', '?')}, {status.get('world_size', '?')} rank(s), "
+        f"plan {plan.get('strategy', '?')} (PARALLELISM={plan.get('requested', '?')}), "
+        f"active {status.get('active_requests', 0)}, queued {status.get('queued_requests', 0)}"
+    ]
+    hosts = {r.get("rank"): r for r in status.get("ranks") or []}
+    for share in plan.get("ranks") or []:
+        rank = share.get("rank")
+        parts = [f"rank {rank}"]
+        if rank in hosts:
+            parts.append(f"on {hosts[rank].get('host', '?')}")
+        parts.append(f"weight {share.get('weight', '?')}")
+        for key in ("kv_heads", "q_heads", "mlp_columns", "layers"):
+            if key in share:
+                parts.append(f"{key} {_span(share[key])}")
+        memory = hosts.get(rank, {}).get("memory_bytes")
+        if memory:
+            parts.append(f"memory {memory / 2**20:.0f} MiB")
+        lines.append(", ".join(parts))
+    return lines
+
+
+def main() -> int:
+    text = sys.stdin.read()
+    try:
+        lines = summarise(json.loads(text))
+    except (ValueError, AttributeError, TypeError):
+        print(text.strip())
+        return 0
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
