@@ -89,6 +89,8 @@ def remote_facts(dest: str, remote_dir: str, timeout: float) -> HostFacts:
         )
     except subprocess.TimeoutExpired:
         raise ConnectionError(f"no answer within {timeout + 10:.0f} s") from None
+    except FileNotFoundError:
+        raise ConnectionError("ssh is not installed on this machine") from None
     if out.returncode != 0:
         lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
         raise ConnectionError(lines[-1] if lines else f"ssh exited with {out.returncode}")
