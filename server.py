@@ -42,8 +42,9 @@ def _detach_stdin() -> None:
     os.close(null)
 
 
-def _die(code: int, message: str) -> None:
-    log.error(message)
+def _die(code: int, message: str, level: int = logging.ERROR) -> None:
+    """Log one line and end the process now (threads blocked in MLX cannot be joined)."""
+    log.log(level, message)
     for handler in logging.getLogger().handlers:
         handler.flush()
     os._exit(code)
@@ -65,6 +66,14 @@ class Leader:
         self.last_step_ms: float | None = None
         self.socket = SocketServer(settings.socket_path, self.events, self.status, self.model_id)
         self.stop_conns: list[int] = []
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        """SIGTERM/SIGINT: stop every rank cleanly; while still loading, just leave."""
+        if self.state == "loading":
+            self.socket.close()
+            name = signal.Signals(signum).name
+            _die(0, f"{name} while loading the model; exiting", logging.INFO)
+        self.events.put(Event("shutdown"))
 
     def rank_lost(self, rank: int) -> None:
         """A worker closed its wake channel: it exited, so the job cannot go on."""
@@ -227,8 +236,11 @@ def main() -> int:
     leader = Leader(settings, ident) if ident.is_leader else None
     if leader:
         leader.socket.start()
-        signal.signal(signal.SIGTERM, lambda *_: leader.events.put(Event("shutdown")))
-        signal.signal(signal.SIGINT, lambda *_: leader.events.put(Event("shutdown")))
+        signal.signal(signal.SIGTERM, leader.on_signal)
+        signal.signal(signal.SIGINT, leader.on_signal)
+    else:
+        # Ctrl-C reaches every rank of a terminal's job; rank 0 alone decides when to stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         wake = open_wake_channel(broadcaster, leader_address())
         model, tokenizer, info = load_for_rank(settings, group)
