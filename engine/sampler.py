@@ -82,12 +82,16 @@ class RequestSampler:
         if p.min_p > 0.0:
             mask = probs >= p.min_p * probs[0]
             order, probs = order[mask], probs[mask]
-        probs = probs / probs.sum()
-        return int(order[self.rng.choice(len(order), p=probs)])
+        total = probs.sum()
+        if not np.isfinite(total) or total <= 0:
+            return int(order[0])
+        return int(order[self.rng.choice(len(order), p=probs / total)])
 
     def sample(self, logits: np.ndarray) -> Sample:
         """Pick the next token from one row of raw logits and record it."""
         logits = self._penalize(np.array(logits, dtype=np.float32, copy=True))
+        # Extreme penalties can overflow; keep the order of what is left finite.
+        logits = np.nan_to_num(logits, nan=-np.inf, posinf=np.finfo(np.float32).max)
         token = self._choose(logits)
         result = Sample(token)
         if self.params.logprobs:

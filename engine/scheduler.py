@@ -211,7 +211,18 @@ class Scheduler:
             if request is None or request.finished:
                 self.next_token[seq_id] = 0  # removed next step; any token will do
                 continue
-            self._accept(request, request.sampler.sample(row), now)
+            try:
+                sample = request.sampler.sample(row)
+            except Exception as exc:  # a request's parameters must never stop the loop
+                log.error("sampling failed for request %s: %r; ending it", request.id, exc)
+                message = f"sampling failed with these parameters: {exc}"
+                self.outbox.append(
+                    (request.conn, Error(id=request.id, code="internal", message=message))
+                )
+                self.next_token[seq_id] = 0
+                self._finish(request, "stop", notify=False)
+                continue
+            self._accept(request, sample, now)
 
     def _accept(self, request: Request, sample: Sample, now: float) -> None:
         if request.first_token_at is None:
