@@ -56,7 +56,6 @@ class PipelineStage(nn.Module):
             self.norm = inner.norm
         if share.head and not self.tied:
             self.lm_head = model.lm_head
-        self.layer_range = (start, end)
         # Optional `guard(what)` context manager (a collective watchdog) around each wait.
         self.eval_guard: Callable[[str], AbstractContextManager] | None = None
 
