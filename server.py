@@ -20,6 +20,7 @@ from config import Settings, load_settings
 from config.logging_setup import setup_logging
 from distributed.broadcast import Broadcaster
 from distributed.group import RankIdentity, init_group, leader_address
+from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
 from engine.batch_engine import BatchEngine, PlanMismatchError
@@ -65,7 +66,7 @@ class Leader:
         self.engine: BatchEngine | None = None
         self.last_step_ms: float | None = None
         self.socket = SocketServer(settings.socket_path, self.events, self.status, self.model_id)
-        self.stop_conns: list[int] = []
+        self.profiler: CollectiveProfiler | None = None
 
     def on_signal(self, signum: int, _frame: object) -> None:
         """SIGTERM/SIGINT: stop every rank cleanly; while still loading, just leave."""
@@ -124,8 +125,6 @@ class Leader:
                 log.info("shutdown requested; stopping every rank")
             self.state = "stopping"
             self.socket.stopping = True
-            if event.conn is not None:
-                self.stop_conns.append(event.conn)
 
     def _flush(self) -> None:
         if self.scheduler.outbox:
@@ -170,7 +169,7 @@ class Leader:
             if not scheduler.has_work(engine):
                 continue
             started = time.perf_counter()
-            collective_before = broadcaster.collective_seconds
+            before = (broadcaster.collective_seconds, self._forward_collectives())
             plan = scheduler.build_plan(engine)
             if not plan.inserts and engine.size == len(set(plan.removes)):
                 plan.sleep = True
@@ -186,18 +185,30 @@ class Leader:
             done = time.perf_counter()
             self.last_step_ms = (done - started) * 1000
             if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
-                    "%.2f (all_sum %.2f) + forward %.2f + sample/stream %.2f",
-                    plan.step,
-                    len(plan.tokens),
-                    result.prefill_tokens,
-                    self.last_step_ms,
-                    (planned - started) * 1000,
-                    (broadcaster.collective_seconds - collective_before) * 1000,
-                    (computed - planned) * 1000,
-                    (done - computed) * 1000,
-                )
+                after = (broadcaster.collective_seconds, self._forward_collectives())
+                times = (started, planned, computed, done)
+                self._log_step(plan, result.prefill_tokens, times, before, after)
+
+    def _forward_collectives(self) -> tuple[float, int]:
+        profiler = self.profiler
+        return (profiler.seconds, profiler.count) if profiler else (0.0, 0)
+
+    def _log_step(self, plan: StepPlan, prefill: int, times: tuple, before, after) -> None:
+        started, planned, computed, done = times
+        log.debug(
+            "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
+            "%.2f (all_sum %.2f) + forward %.2f (all_sum %.2f in %d) + sample/stream %.2f",
+            plan.step,
+            len(plan.tokens),
+            prefill,
+            (done - started) * 1000,
+            (planned - started) * 1000,
+            (after[0] - before[0]) * 1000,
+            (computed - planned) * 1000,
+            (after[1][0] - before[1][0]) * 1000,
+            after[1][1] - before[1][1],
+            (done - computed) * 1000,
+        )
 
 
 def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiver) -> None:
@@ -234,6 +245,10 @@ def main() -> int:
     watchdog = CollectiveWatchdog(settings.collective_timeout_seconds)
     broadcaster = Broadcaster(group, watchdog)
     leader = Leader(settings, ident) if ident.is_leader else None
+    if os.environ.get("RING_PROFILE_COLLECTIVES") == "1":
+        profiler = CollectiveProfiler().install()  # every rank: same sync points
+        if leader:
+            leader.profiler = profiler
     if leader:
         leader.socket.start()
         signal.signal(signal.SIGTERM, leader.on_signal)

@@ -22,7 +22,8 @@ from tests.support.cluster import Cluster
 
 STEP = re.compile(
     r"step (\d+): decode (\d+), prefill (\d+) tokens; total ([\d.]+) ms = plan\+broadcast "
-    r"([\d.]+) \(all_sum ([\d.]+)\) \+ forward ([\d.]+) \+ sample/stream ([\d.]+)"
+    r"([\d.]+) \(all_sum ([\d.]+)\) \+ forward ([\d.]+) \(all_sum ([\d.]+) in (\d+)\) "
+    r"\+ sample/stream ([\d.]+)"
 )
 WOKE = re.compile(r"woke the workers at ([\d.]+)")
 WOKEN = re.compile(r"(r\d+) DEBUG woken at ([\d.]+)")
@@ -60,8 +61,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--env", nargs="*", default=[])
+    parser.add_argument(
+        "--profile-collectives",
+        action="store_true",
+        help="time each in-forward all_sum (adds sync points; separate run from step times)",
+    )
     args = parser.parse_args()
     env = {"LOG_LEVEL": "DEBUG", "MAX_BATCH_SIZE": str(max(args.batch))}
+    if args.profile_collectives:
+        env["RING_PROFILE_COLLECTIVES"] = "1"
     env |= dict(item.split("=", 1) for item in args.env)
     report: dict = {"ranks": args.ranks, "model": args.model or "default"}
     with Cluster(args.model, ranks=args.ranks, env=env, ready_timeout=600) as cluster:
@@ -85,7 +93,9 @@ def main() -> None:
                 "plan_broadcast_ms": median(5),
                 "broadcast_all_sum_ms": median(6),
                 "forward_ms": median(7),
-                "sample_stream_ms": median(8),
+                "forward_all_sum_ms": median(8),
+                "forward_all_sums": int(median(9)),
+                "sample_stream_ms": median(10),
             }
         log = cluster.log_path.read_text()
     woke = sorted(float(m[1]) for m in WOKE.finditer(log))

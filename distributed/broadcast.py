@@ -15,6 +15,7 @@ import numpy as np
 from distributed.watchdog import CollectiveWatchdog
 
 FIRST_BUFFER_BYTES = 4096
+_all_sum = mx.distributed.all_sum  # unwrapped, even when distributed.profile is active
 _LENGTH = struct.Struct("<I")
 
 
@@ -33,11 +34,11 @@ class Broadcaster:
         started = time.perf_counter()
         array = mx.array(buffer)
         if self.watchdog is None:
-            result = mx.distributed.all_sum(array, group=self.group)
+            result = _all_sum(array, group=self.group)
             mx.eval(result)
         else:
             with self.watchdog.guard(name):
-                result = mx.distributed.all_sum(array, group=self.group)
+                result = _all_sum(array, group=self.group)
                 mx.eval(result)
         self.collective_seconds += time.perf_counter() - started
         return np.array(result, copy=False)
