@@ -31,6 +31,10 @@ class ClusterError(Exception):
     """The ranks did not come up; the message carries the log tail."""
 
 
+class _EndedEarly(ClusterError):
+    """mlx.launch ended before rank 0 was ready."""
+
+
 class Cluster:
     """A local multi-rank server.py job (ring backend on 127.0.0.1)."""
 
@@ -89,8 +93,23 @@ class Cluster:
             str(PROJECT_DIR / "server.py"),
         ]
 
-    def start(self) -> Status:
-        """Launch and wait until rank 0 says ready; ClusterError with the log tail if not."""
+    def start(self, attempts: int = 3) -> Status:
+        """Launch and wait until rank 0 says ready; ClusterError with the log tail if not.
+
+        A job that ends before it is ready without saying why is retried on another
+        random port (another test's cluster may hold the one we drew).
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except _EndedEarly as exc:
+                # Our ranks log ERROR for real problems (bad model, settings); no retry.
+                if attempt == attempts or " ERROR " in str(exc) or "error:" in str(exc):
+                    raise
+                self.kill()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> Status:
         self.port = random.randint(20000, 60000 - self.ranks)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
@@ -105,7 +124,7 @@ class Cluster:
         deadline = time.monotonic() + self.ready_timeout
         while True:
             if self.process.poll() is not None:
-                raise ClusterError(
+                raise _EndedEarly(
                     f"mlx.launch exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
             try:
@@ -154,6 +173,8 @@ class Cluster:
             self.start()
         except BaseException:
             self.kill()
+            if self._tmp is not None:
+                self._tmp.cleanup()
             raise
         return self
 
