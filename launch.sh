@@ -17,6 +17,9 @@ RANKS_READY_TIMEOUT=900      # seconds for every rank to load (large models load
 API_READY_TIMEOUT=60
 OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
 
+# shellcheck source=scripts/workers.sh
+source "$ROOT/scripts/workers.sh" # remote mode: sync, stop and status of the worker hosts
+
 # ---- output -----------------------------------------------------------------------------
 
 step() { printf '==> %s\n' "$*"; }
@@ -149,37 +152,6 @@ write_hosts() {
     sed 's/^/    /' "$RUN/hosts.txt"
 }
 
-# Environment overrides (NUM_DEVICES=3 ./launch.sh start) must reach the remote ranks
-# too, which only read their synced .env: pass each overridden setting with --env.
-env_overrides() {
-    local key
-    for key in $(cut -d= -f1 "$SETTINGS"); do
-        [[ -n "${!key+x}" ]] && printf -- '--env\n%s=%s\n' "$key" "${!key}"
-    done
-}
-
-sync_workers() {
-    local rank dest dir
-    dir="$(cfg REMOTE_DIR)"
-    [[ "$dir" =~ ^[~A-Za-z0-9_./-]+$ ]] ||
-        abort_start "REMOTE_DIR='$dir' must be a plain path (letters, digits, ~ _ . / -)"
-    step "Sync code, config and .env to the workers ($dir)"
-    while read -r rank dest; do
-        info "rank $rank: $dest"
-        ssh_batch "$dest" "mkdir -p $dir" >"$RUN/sync.log" 2>&1 ||
-            abort_start "cannot reach $dest over SSH (run ./launch.sh detect)" "$RUN/sync.log"
-        rsync -az -e "ssh -o BatchMode=yes" --exclude .venv --exclude run --exclude .git \
-            --exclude '*.log' --exclude __pycache__ --exclude .pytest_cache \
-            --exclude .ruff_cache --exclude .hypothesis ./ "$dest:$dir/" >>"$RUN/sync.log" 2>&1 ||
-            abort_start "rsync to $dest:$dir failed" "$RUN/sync.log"
-        ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh runtime" 2>&1 | sed 's/^/      /'
-        [[ "${PIPESTATUS[0]}" == 0 ]] || abort_start "could not prepare the venv on $dest"
-        ssh_batch "$dest" "cd $dir && .venv/bin/python -m engine.model_source" \
-            >"$RUN/model-$rank.log" 2>&1 ||
-            abort_start "rank $rank ($dest) could not resolve MODEL" "$RUN/model-$rank.log"
-    done < <(workers)
-}
-
 launch_ranks() {
     local world port pid remote_dir=""
     world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
@@ -272,18 +244,7 @@ cpu_percent() { # cpu_percent PID SECONDS: whole-process CPU from /proc/PID/stat
 
 check_api_port() { # before anything starts: api.py could not bind later
     local why
-    why="$("$PY" -c '
-import socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-family = socket.AF_INET6 if ":" in host else socket.AF_INET
-with socket.socket(family) as sock:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        print(exc.strerror or exc)
-' "$(cfg API_HOST)" "$(cfg API_PORT)")"
-    [[ -z "$why" ]] && return 0
+    why="$("$PY" scripts/api_check.py bindable "$(cfg API_HOST)" "$(cfg API_PORT)")" && return 0
     fail "API_HOST:API_PORT $(cfg API_HOST):$(cfg API_PORT) cannot be used ($why): stop what" \
         "holds it or set API_PORT to a free port"
     exit 1
@@ -350,14 +311,7 @@ stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then wo
     fi
     kill_group "$RANKS_PID" mlx.launch "mlx.launch and the local ranks"
     "$ROOT/scripts/kill_ranks.sh" | sed 's/^/    /'
-    if remote_mode; then
-        local rank dest dir
-        dir="$(cfg REMOTE_DIR)"
-        while read -r rank dest; do
-            ssh_batch "$dest" "$dir/scripts/kill_ranks.sh" 2>/dev/null | sed 's/^/    /' ||
-                [[ "${1:-}" == quiet ]] || warn "could not reach $dest to stop rank $rank"
-        done < <(workers 2>/dev/null)
-    fi
+    remote_mode && stop_workers "${1:-}"
     rm -f "$STDIN_FIFO"
     [[ -n "$socket" && -S "$socket" ]] && ! ranks_alive && rm -f "$socket"
     return 0
@@ -403,17 +357,7 @@ cmd_status() {
         fi
     done
     if remote_mode; then
-        local dest dir
-        dir="$(cfg REMOTE_DIR)"
-        while read -r rank dest; do
-            if ssh_batch "$dest" "cd $dir && pid=\$(cat run/rank-$rank.pid) &&
-                ps -p \$pid -o command= | grep -q server.py" >/dev/null 2>&1; then
-                echo "rank $rank: running on $dest"
-            else
-                echo "rank $rank: DOWN on $dest (or unreachable)"
-                ok=1
-            fi
-        done < <(workers)
+        status_workers || ok=1
     fi
     if state="$(rank_state)"; then
         echo "rank 0 socket: answering"

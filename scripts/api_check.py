@@ -1,8 +1,9 @@
-"""HTTP checks that launch.sh runs against api.py (standard library only, starts fast).
+"""HTTP and port checks that launch.sh runs for api.py (standard library only, starts fast).
 
 api_check.py health URL                        one line: ready / not ready and why (exit 1)
 api_check.py wait URL --timeout S [--pid P]    until /health is 200; exit 1 if P dies first
 api_check.py chat URL [--prompt TEXT]          a chat completion: answer, usage, performance
+api_check.py bindable HOST PORT                exit 1 and say why when api.py could not bind
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -117,15 +119,30 @@ def chat(url: str, prompt: str, max_tokens: int) -> int:
     return 0
 
 
+def bindable(host: str, port: int) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            print(exc.strerror or exc)
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="api_check.py")
-    parser.add_argument("command", choices=["health", "wait", "chat"])
-    parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:8100")
+    parser.add_argument("command", choices=["health", "wait", "chat", "bindable"])
+    parser.add_argument("url", help="base URL, e.g. http://127.0.0.1:8100 (bindable: host)")
+    parser.add_argument("port", nargs="?", type=int, help="bindable: the port")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--pid", type=int, default=None)
     parser.add_argument("--prompt", default="What is the capital of France?")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args(argv)
+    if args.command == "bindable":
+        return bindable(args.url, args.port)
     url = args.url.rstrip("/")
     if args.command == "health":
         return health(url)
