@@ -111,6 +111,8 @@ class Cluster:
 
     def _start_once(self) -> Status:
         self.port = random.randint(20000, 60000 - self.ranks)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()  # a stale socket would trigger the nudge too early
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.command(),
@@ -122,23 +124,27 @@ class Cluster:
             start_new_session=True,
         )
         deadline = time.monotonic() + self.ready_timeout
+        nudged = False
         while True:
+            if not nudged and self.socket_path.exists():
+                # Rank 0 binds its socket after the group handshake, which every rank
+                # enters after closing its stdin. One byte now makes mlx.launch stop
+                # relaying stdin (it busy-loops otherwise); our end stays open, no EOF.
+                with contextlib.suppress(OSError):
+                    self.process.stdin.write(b"\n")
+                    self.process.stdin.flush()
+                nudged = True
             if self.process.poll() is not None:
                 raise _EndedEarly(
                     f"mlx.launch exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
             try:
-                status = wait_ready(self.socket_path, min(2.0, deadline - time.monotonic()))
+                status = wait_ready(self.socket_path, min(0.5, deadline - time.monotonic()))
                 break
             except ClientError as exc:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ClusterError(f"{exc}\n{self.log_tail()}") from None
-        # The ranks closed their stdin; one byte makes mlx.launch stop relaying it
-        # (otherwise it busy-loops). Our end of the pipe stays open, without EOF.
-        with contextlib.suppress(OSError):
-            self.process.stdin.write(b"\n")
-            self.process.stdin.flush()
         return status
 
     def stop(self, timeout: float = 10.0) -> int | None:
