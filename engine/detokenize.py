@@ -77,3 +77,41 @@ class StopFilter:
         """Release held-back text at the end of a request that did not stop on a string."""
         out, self._pending = self._pending, ""
         return out
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: printable character -> the byte it stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    mapping = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            mapping[chr(256 + extra)] = b
+            extra += 1
+    return mapping
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+_byte_level_tokenizers: dict[int, bool] = {}
+
+
+def _is_byte_level(inner: Any) -> bool:
+    """True when the vocabulary is written in the byte-level alphabet (" " is "Ġ")."""
+    key = id(inner)
+    if key not in _byte_level_tokenizers:
+        pieces = inner.convert_ids_to_tokens(inner.encode(" a", add_special_tokens=False))
+        _byte_level_tokenizers[key] = any("Ġ" in p for p in pieces if isinstance(p, str))
+    return _byte_level_tokenizers[key]
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """The raw bytes one token stands for (a piece of a UTF-8 character stays a piece)."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    piece = inner.convert_ids_to_tokens(token_id)
+    if isinstance(piece, str):
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])  # SentencePiece byte fallback
+        if _is_byte_level(inner) and all(c in _BYTE_LEVEL for c in piece):
+            return bytes(_BYTE_LEVEL[c] for c in piece)
+    return tokenizer.decode([token_id]).encode("utf-8")

@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.batch_engine import BatchEngine, StepResult
-from engine.detokenize import IncrementalDecoder, StopFilter
+from engine.detokenize import IncrementalDecoder, StopFilter, token_bytes
 from engine.sampler import RequestSampler, Sample
 from engine.step_plan import Insert, StepPlan
 from ipc.protocol import (
@@ -250,8 +250,7 @@ class Scheduler:
 
     def _logprob(self, token: int, sample: Sample) -> TokenLogprob:
         def piece(t: int) -> tuple[str, list[int]]:
-            text = self.tokenizer.decode([t])
-            return text, list(text.encode("utf-8", errors="replace"))
+            return self.tokenizer.decode([t]), list(token_bytes(self.tokenizer, t))
 
         text, raw = piece(token)
         top = []

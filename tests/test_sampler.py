@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.detokenize import IncrementalDecoder, StopFilter
+from engine.detokenize import IncrementalDecoder, StopFilter, token_bytes
 from engine.sampler import RequestSampler
 from ipc.protocol import SamplingParams
 from tests.support.tiny_models import write_byte_tokenizer
@@ -96,6 +96,13 @@ def test_deltas_never_split_a_character(tokenizer):
     assert "".join(deltas) + decoder.flush() == text
     assert all("\ufffd" not in d for d in deltas)
     assert "" in deltas  # a multi-byte character was held back at least once
+
+
+def test_token_bytes_are_the_raw_pieces(tokenizer):
+    text = "é ✓"
+    pieces = [token_bytes(tokenizer, t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    assert all(len(p) == 1 for p in pieces)  # one byte per token, halves of characters
+    assert b"".join(pieces).decode() == text
 
 
 def test_stop_filter_holds_back_a_possible_stop():
