@@ -291,7 +291,7 @@ def test_idle_ranks_do_not_spin(cluster):
     before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
     time.sleep(3.0)
     used = {name: (_cpu_seconds(pid) - before[name]) / 3.0 for name, pid in pids.items()}
-    assert all(share < 0.05 for share in used.values()), used
+    assert all(share < 0.02 for share in used.values()), used
 
 
 # ---- the default model (SmolLM2-135M, imported as float32) ----------------------------
