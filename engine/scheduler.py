@@ -212,17 +212,16 @@ class Scheduler:
                 self.next_token[seq_id] = 0  # removed next step; any token will do
                 continue
             try:
-                sample = request.sampler.sample(row)
-            except Exception as exc:  # a request's parameters must never stop the loop
-                log.error("sampling failed for request %s: %r; ending it", request.id, exc)
-                message = f"sampling failed with these parameters: {exc}"
+                self._accept(request, request.sampler.sample(row), now)
+            except Exception as exc:  # one request's trouble must never stop the loop
+                log.error("request %s failed while sampling or decoding: %r", request.id, exc)
+                message = f"generation failed for this request: {exc}"
                 self.outbox.append(
                     (request.conn, Error(id=request.id, code="internal", message=message))
                 )
                 self.next_token[seq_id] = 0
-                self._finish(request, "stop", notify=False)
-                continue
-            self._accept(request, sample, now)
+                if not request.finished:
+                    self._finish(request, "stop", notify=False)
 
     def _accept(self, request: Request, sample: Sample, now: float) -> None:
         if request.first_token_at is None:
