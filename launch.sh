@@ -15,7 +15,6 @@ API_PID="$RUN/api.pid"       # api.py: leader of its own session and process gro
 STDIN_FIFO="$RUN/launch.stdin"
 RANKS_READY_TIMEOUT=900      # seconds for every rank to load (large models load slowly)
 API_READY_TIMEOUT=60
-OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
 
 # shellcheck source=scripts/workers.sh
 source "$ROOT/scripts/workers.sh" # remote mode: sync, stop and status of the worker hosts
@@ -310,7 +309,7 @@ stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then wo
         done
     fi
     kill_group "$RANKS_PID" mlx.launch "mlx.launch and the local ranks"
-    "$ROOT/scripts/kill_ranks.sh" | sed 's/^/    /'
+    "$ROOT/scripts/ranks.sh" stop | sed 's/^/    /'
     remote_mode && stop_workers "${1:-}"
     rm -f "$STDIN_FIFO"
     [[ -n "$socket" && -S "$socket" ]] && ! ranks_alive && rm -f "$socket"
@@ -336,7 +335,7 @@ cmd_stop() {
 cmd_status() {
     [[ -x "$PY" ]] || { echo "not installed: run ./launch.sh start"; return 1; }
     load_settings
-    local ok=0 rank pid state url
+    local ok=0 state url
     url="$(api_url)"
     if ranks_alive; then
         echo "mlx.launch: running (pid $(pid_of "$RANKS_PID"))"
@@ -344,18 +343,8 @@ cmd_status() {
         echo "mlx.launch: DOWN"
         ok=1
     fi
-    for f in "$RUN"/rank-*.pid; do
-        [[ -f "$f" ]] || continue
-        rank="${f##*rank-}"
-        rank="${rank%.pid}"
-        pid="$(pid_of "$f")"
-        if ps -p "$pid" -o command= 2>/dev/null | grep -q 'server\.py'; then
-            echo "rank $rank: running on 127.0.0.1 (pid $pid)"
-        else
-            echo "rank $rank: DOWN on 127.0.0.1 (pid $pid is gone)"
-            ok=1
-        fi
-    done
+    # local ranks (all of them in local mode, rank 0 in remote mode)
+    "$ROOT/scripts/ranks.sh" status 127.0.0.1 || ok=1
     if remote_mode; then
         status_workers || ok=1
     fi

@@ -1,25 +1,61 @@
 #!/bin/sh
-# End the ranks recorded in run/rank-*.pid of this directory (on this host), by pid.
-# A pid is only signalled while it still runs server.py, so a reused pid is left alone.
-# Run by `./launch.sh stop` locally and over SSH on each worker; prints what it ended.
+# The ranks recorded in run/rank-*.pid of this project directory, on this host.
+#   scripts/ranks.sh status [HOST [RANK]]   one line per rank (or only RANK):
+#       "rank N: running on HOST (pid P)" or "DOWN ..."; exit 1 when one is down, 2 when none
+#       is recorded
+#   scripts/ranks.sh stop     TERM each rank, KILL after 5 s, remove the pid files
+# A pid counts as a rank only while it still runs server.py, so a reused pid is left alone.
+# Run by launch.sh locally and over SSH on each worker.
 cd "$(dirname "$0")/.." || exit 1
 ours() { ps -p "$1" -o command= 2>/dev/null | grep -q 'server\.py'; }
-pids=""
-for f in run/rank-*.pid; do
-    [ -f "$f" ] || continue
-    pid=$(cat "$f" 2>/dev/null)
-    if [ -n "$pid" ] && ours "$pid"; then
-        kill -TERM "$pid" 2>/dev/null && pids="$pids $pid"
-    fi
-done
-# up to 5 s for a clean exit, then KILL
-for _ in $(seq 50); do
-    alive=""
-    for pid in $pids; do ours "$pid" && alive="$alive $pid"; done
-    [ -z "$alive" ] && break
-    sleep 0.1
-done
-for pid in $alive; do kill -KILL "$pid" 2>/dev/null; done
-rm -f run/rank-*.pid
-[ -n "$pids" ] && echo "ended rank pid(s):$pids on $(hostname)"
-exit 0
+
+status() {
+    down=0
+    found=""
+    for f in run/rank-${2:-*}.pid; do
+        [ -f "$f" ] || continue
+        found=1
+        rank=${f#run/rank-}
+        rank=${rank%.pid}
+        pid=$(cat "$f" 2>/dev/null)
+        if [ -n "$pid" ] && ours "$pid"; then
+            echo "rank $rank: running on $1 (pid $pid)"
+        else
+            echo "rank $rank: DOWN on $1 (pid $pid is gone)"
+            down=1
+        fi
+    done
+    [ -n "$found" ] || return 2
+    return $down
+}
+
+stop() {
+    pids=""
+    for f in run/rank-*.pid; do
+        [ -f "$f" ] || continue
+        pid=$(cat "$f" 2>/dev/null)
+        if [ -n "$pid" ] && ours "$pid"; then
+            kill -TERM "$pid" 2>/dev/null && pids="$pids $pid"
+        fi
+    done
+    alive=$pids
+    for _ in $(seq 50); do # up to 5 s for a clean exit, then KILL
+        alive=""
+        for pid in $pids; do ours "$pid" && alive="$alive $pid"; done
+        [ -z "$alive" ] && break
+        sleep 0.1
+    done
+    for pid in $alive; do kill -KILL "$pid" 2>/dev/null; done
+    rm -f run/rank-*.pid
+    [ -n "$pids" ] && echo "ended rank pid(s):$pids on $(hostname)"
+    return 0
+}
+
+case "${1:-}" in
+status) status "${2:-$(hostname)}" "${3:-}" ;;
+stop) stop ;;
+*)
+    echo "usage: scripts/ranks.sh status|stop" >&2
+    exit 2
+    ;;
+esac

@@ -36,22 +36,23 @@ stop_workers() { # stop_workers [quiet]: end the ranks each worker recorded, by 
     local rank dest dir
     dir="$(cfg REMOTE_DIR)"
     while read -r rank dest; do
-        ssh_batch "$dest" "$dir/scripts/kill_ranks.sh" 2>/dev/null | sed 's/^/    /' ||
+        ssh_batch "$dest" "$dir/scripts/ranks.sh stop" 2>/dev/null | sed 's/^/    /' ||
             [[ "${1:-}" == quiet ]] || warn "could not reach $dest to stop rank $rank"
     done < <(workers 2>/dev/null)
 }
 
-status_workers() { # one line per worker rank; returns 1 when any is down
-    local rank dest dir ok=0
+status_workers() { # each worker's ranks; returns 1 when any is down or unreachable
+    local rank dest dir ok=0 rc
     dir="$(cfg REMOTE_DIR)"
     while read -r rank dest; do
-        if ssh_batch "$dest" "cd $dir && pid=\$(cat run/rank-$rank.pid) &&
-            ps -p \$pid -o command= | grep -q server.py" >/dev/null 2>&1; then
-            echo "rank $rank: running on $dest"
-        else
-            echo "rank $rank: DOWN on $dest (or unreachable)"
-            ok=1
-        fi
+        ssh_batch "$dest" "$dir/scripts/ranks.sh status $dest $rank" 2>/dev/null
+        rc=$?
+        case $rc in
+        0) ;;
+        1) ok=1 ;;
+        2) ok=1 && echo "rank $rank: DOWN on $dest (no rank recorded in $dir/run)" ;;
+        *) ok=1 && echo "rank $rank: DOWN on $dest (unreachable over SSH, exit $rc)" ;;
+        esac
     done < <(workers)
     return $ok
 }
