@@ -1,0 +1,209 @@
+"""Our cluster against mlx_lm.server: same model directory, rank count and machine, one run.
+
+    .venv/bin/python -m bench.compare [--ranks 1 2] [--markdown run/bench/compare.md]
+
+For each rank count: start our cluster with `./launch.sh start` (NUM_DEVICES, an own
+API_PORT, SOCKET_PATH and MODEL_CACHE_DIR), run the workloads, `./launch.sh stop`; then
+mlx_lm.server on the same MLX directory (directly at 1 rank, under mlx.launch with the
+ring backend on 127.0.0.1 above), the same workloads, stop it. Both get Debian's OpenBLAS
+preloaded. Workloads: 1 client x 128 tokens; 8 concurrent clients x 128 tokens; a prompt
+of about 1500 tokens (time to first token). Greedy decoding; neither server can be told
+to ignore EOS, so prompts ask for long answers and tokens are counted from `usage`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.even_model import make_even_variant
+from bench.loadgen import (
+    Endpoint,
+    Summary,
+    essay_prompt,
+    long_prompt,
+    run_load,
+    summarize,
+    table,
+)
+from bench.report import markdown_report, ratio_rows
+from bench.servers import OPENBLAS, PY, ROOT, Ours, Peer, load_average, log, wait_quiet
+
+# ---- workloads --------------------------------------------------------------------------
+
+
+def run_workloads(endpoint: Endpoint, args: argparse.Namespace, counter, tag: str) -> dict:
+    """The three workloads against one endpoint; summaries by workload key."""
+
+    def load(prompts: list[str], concurrency: int, max_tokens: int) -> list:
+        return asyncio.run(run_load(endpoint, prompts, concurrency, max_tokens))
+
+    load([essay_prompt(i, f"{tag}-warm{i}") for i in range(2)], 1, 16)
+    out: dict[str, Summary] = {}
+    single = [essay_prompt(i, f"{tag}-s{i}") for i in range(args.single_requests)]
+    out["single"] = summarize("1 client", 1, load(single, 1, args.max_tokens))
+    count = args.concurrency * args.rounds
+    batch = [essay_prompt(i, f"{tag}-c{i}") for i in range(count)]
+    out["concurrent"] = summarize(
+        f"{args.concurrency} clients",
+        args.concurrency,
+        load(batch, args.concurrency, args.max_tokens),
+    )
+    long = [long_prompt(args.long_tokens, f"{tag}-l{i}", counter) for i in range(args.long_trials)]
+    out["long"] = summarize(
+        f"{args.long_tokens}-token prompt", 1, load(long, 1, args.long_max_tokens)
+    )
+    return out
+
+
+def token_counter(model_dir: Path):
+    """Counts tokens of text with the model's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return lambda text: len(tokenizer.encode(text))
+
+
+def resolve_model_dir(env: dict[str, str]) -> Path:
+    done = subprocess.run(
+        [str(PY), "-m", "engine.model_source"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"error: cannot resolve the model: {done.stderr.strip()[-400:]}")
+    return Path(lines[-1])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--servers", nargs="+", choices=["ours", "peer"], default=["ours", "peer"])
+    parser.add_argument("--model", default="", help="MODEL setting ('' = default SmolLM2)")
+    parser.add_argument("--import-dtype", default="float32")
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
+    parser.add_argument(
+        "--even-ranks",
+        type=int,
+        nargs="*",
+        default=[2],
+        help="also compare a pruned variant whose heads split evenly (bench.even_model)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--single-requests", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1, help="requests per client at C")
+    parser.add_argument("--long-tokens", type=int, default=1500)
+    parser.add_argument("--long-trials", type=int, default=3)
+    parser.add_argument("--long-max-tokens", type=int, default=16)
+    parser.add_argument("--openblas-threads", default="", help="OPENBLAS_NUM_THREADS for both")
+    parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")
+    parser.add_argument("--load-patience", type=float, default=600.0)
+    parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "compare.md")
+    parser.add_argument("--json", type=Path, default=ROOT / "run" / "bench" / "compare.json")
+    return parser.parse_args(argv)
+
+
+def setups(args: argparse.Namespace, model_dir: Path) -> list[tuple[str, int, Path]]:
+    """(section title, ranks, model directory) for every comparison of this run."""
+    out = [(f"{r} rank{'s' if r > 1 else ''}", r, model_dir) for r in args.ranks]
+    if args.even_ranks:
+        even = make_even_variant(model_dir, args.cache_dir / f"even-{model_dir.name}")
+        for r in args.even_ranks:
+            out.append((f"{r} ranks, even-head variant", r, even))
+    return out
+
+
+def run_one(server, key: str, args: argparse.Namespace, counter, tag: str):
+    """Start, measure, stop one server; its summaries, or one line on why it failed."""
+    wait_quiet(args.max_load, args.load_patience)
+    log(f"{server.name}, {key}: starting (load average {load_average():.2f})")
+    try:
+        server.start()
+        log(f"{server.name}, {key}: ready; running the workloads")
+        summaries = run_workloads(server.endpoint, args, counter, tag)
+    except RuntimeError as exc:
+        log(f"{server.name}, {key}: FAILED: {exc}")
+        return str(exc).splitlines()[0]
+    finally:
+        server.stop()
+        log(f"{server.name}, {key}: stopped")
+    print(table(list(summaries.values())), flush=True)
+    return summaries
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = os.environ.copy() | {
+        "MODEL": args.model,
+        "IMPORT_DTYPE": args.import_dtype,
+        "MODEL_CACHE_DIR": str(args.cache_dir),
+        "LD_PRELOAD": OPENBLAS,
+    }
+    if args.openblas_threads:
+        env["OPENBLAS_NUM_THREADS"] = args.openblas_threads
+    model_dir = resolve_model_dir(env)
+    log(f"model directory: {model_dir}")
+    counter = token_counter(model_dir)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
+    results: dict[str, dict] = {}
+    stamp = f"{time.time_ns():x}"
+    started = datetime.datetime.now(datetime.UTC)
+    for index, (key, ranks, directory) in enumerate(setups(args, model_dir)):
+        results[key] = {}
+        for kind in args.servers:
+            if kind == "ours":
+                server = Ours(ranks, env, directory, workdir)
+            else:
+                server = Peer(ranks, env, directory, workdir)
+            tag = f"{stamp}-{index}"
+            results[key][server.name] = run_one(server, key, args, counter, tag)
+    even = next((d for _, _, d in setups(args, model_dir) if d != model_dir), None)
+    report = markdown_report(results, args, model_dir, started, sys.argv[1:], OPENBLAS, even)
+    print(report)
+    for path, text in (
+        (args.markdown, report),
+        (args.json, json.dumps(_jsonable(results, args, model_dir, started), indent=2)),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+        log(f"wrote {path}")
+    return 0
+
+
+def _jsonable(results, args, model_dir: Path, started) -> dict:
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "model_dir": str(model_dir),
+        "machine": platform.platform(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": {
+            key: {
+                name: sums
+                if isinstance(sums, str)
+                else {w: s.model_dump() for w, s in sums.items()}
+                for name, sums in by.items()
+            }
+            for key, by in results.items()
+        },
+        "ratios": {key: ratio_rows(by) for key, by in results.items()},
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Tables for bench.compare: ours against the peer, ratios against the issue's targets."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+from importlib import metadata
+from pathlib import Path
+
+from bench.loadgen import Summary
+
+OURS = "ours"
+PEER = "mlx_lm.server"
+
+# (label, workload, figure, target ratio, higher is better)
+TARGETS = [
+    ("decode tok/s per request, 1 client (median)", "single", "decode_median", 1.0, True),
+    ("aggregate tok/s, 8 clients", "concurrent", "throughput", 1.2, True),
+    ("time to first token, long prompt (median s)", "long", "ttft_median", 1.0, False),
+]
+INFO = [
+    ("time to first token, 1 client (median s)", "single", "ttft_median", True),
+    ("time to first token, 8 clients (median s)", "concurrent", "ttft_median", False),
+    ("time to first token, 8 clients (p90 s)", "concurrent", "ttft_p90", False),
+    ("inter-token latency, 8 clients (median ms)", "concurrent", "itl_median", False),
+    ("inter-token latency, 8 clients (p90 ms)", "concurrent", "itl_p90", False),
+    ("decode tok/s per request, 8 clients (median)", "concurrent", "decode_median", True),
+    ("completion tokens, 1 client (all requests)", "single", "tokens", None),
+    ("completion tokens, 8 clients (all requests)", "concurrent", "tokens", None),
+    ("prompt tokens, long prompt (median)", "long", "prompt_tokens", None),
+]
+
+
+def figure(summary: Summary, name: str) -> float | None:
+    """One named figure of a workload summary."""
+    return {
+        "decode_median": summary.decode_tok_s.median,
+        "throughput": summary.throughput_tok_s,
+        "ttft_median": summary.ttft_s.median,
+        "ttft_p90": summary.ttft_s.p90,
+        "itl_median": summary.itl_ms.median,
+        "itl_p90": summary.itl_ms.p90,
+        "tokens": float(summary.completion_tokens_total),
+        "prompt_tokens": summary.prompt_tokens_median,
+    }[name]
+
+
+def ratio(ours: float | None, peer: float | None) -> float | None:
+    return None if ours is None or not peer else ours / peer
+
+
+def ratio_rows(by_server: dict[str, dict[str, Summary] | str]) -> list[dict]:
+    """Target rows then informational rows: figure of each server, ours/peer, verdict."""
+    rows = []
+    ours, peer = (by_server.get(name) for name in (OURS, PEER))
+    ours = ours if isinstance(ours, dict) else None  # a string says why that server failed
+    peer = peer if isinstance(peer, dict) else None
+    for label, workload, name, target, higher in TARGETS:
+        a = figure(ours[workload], name) if ours else None
+        b = figure(peer[workload], name) if peer else None
+        r = ratio(a, b)
+        met = None if r is None else (r >= target if higher else r <= target)
+        sign = ">=" if higher else "<="
+        rows.append(
+            {
+                "label": label,
+                "ours": a,
+                "peer": b,
+                "ratio": r,
+                "target": f"{sign} {target}x",
+                "met": met,
+            }
+        )
+    for label, workload, name, _ in INFO:
+        a = figure(ours[workload], name) if ours else None
+        b = figure(peer[workload], name) if peer else None
+        rows.append(
+            {"label": label, "ours": a, "peer": b, "ratio": ratio(a, b), "target": "", "met": None}
+        )
+    return rows
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def summaries_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
+    lines = [
+        "| server | workload | ok | tokens | agg tok/s | TTFT s (med / p90) | "
+        "ITL ms (med / p90) | decode tok/s (med / p90) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, workloads in by_server.items():
+        if isinstance(workloads, str):
+            lines.append(f"| {name} | failed: {workloads.replace('|', '/')} | | | | | | |")
+            continue
+        for s in workloads.values():
+            lines.append(
+                f"| {name} | {s.label} | {s.requests - s.errors}/{s.requests} | "
+                f"{s.completion_tokens_total} | {_num(s.throughput_tok_s, 1)} | "
+                f"{_num(s.ttft_s.median, 3)} / {_num(s.ttft_s.p90, 3)} | "
+                f"{_num(s.itl_ms.median, 1)} / {_num(s.itl_ms.p90, 1)} | "
+                f"{_num(s.decode_tok_s.median, 1)} / {_num(s.decode_tok_s.p90, 1)} |"
+            )
+    return lines
+
+
+def ratios_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
+    lines = [
+        f"| figure | {OURS} | {PEER} | ours/peer | target | met |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in ratio_rows(by_server):
+        met = {True: "yes", False: "**no**", None: ""}[row["met"]]
+        lines.append(
+            f"| {row['label']} | {_num(row['ours'])} | {_num(row['peer'])} | "
+            f"{_num(row['ratio'])} | {row['target']} | {met} |"
+        )
+    return lines
+
+
+def machine(blas: str) -> list[str]:
+    """CPU model, cores, memory, OS and package versions."""
+    cpu = "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = ""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
+        memory = f", {kib / 2**20:.0f} GiB memory"
+    versions = ", ".join(f"{p} {_version(p)}" for p in ("mlx", "mlx-lm", "fastapi", "uvicorn"))
+    return [
+        f"- CPU: {cpu}, {os.cpu_count()} cores{memory}, no GPU",
+        f"- OS: {platform.platform()}; Python {platform.python_version()}; {versions}",
+        f"- BLAS: {blas or 'none'} preloaded into both servers (LD_PRELOAD)",
+    ]
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def markdown_report(
+    results: dict[str, dict[str, dict[str, Summary] | str]],
+    args: argparse.Namespace,
+    model_dir: Path,
+    started: datetime.datetime,
+    argv: list[str],
+    blas: str,
+    even_dir: Path | None = None,
+) -> str:
+    """The whole comparison as markdown: setup, one section per rank count."""
+    lines = [
+        f"# Ours against mlx_lm.server ({started:%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"Command: `.venv/bin/python -m bench.compare {' '.join(shlex.quote(a) for a in argv)}`",
+        "",
+        *machine(blas),
+        f"- Model directory (both servers): `{model_dir}`",
+        *(
+            [
+                f"- Even-head variant (bench.even_model: heads pruned so that both servers can "
+                f"split them at 2 ranks; stop tokens never win, so answers run to max_tokens): "
+                f"`{even_dir}`"
+            ]
+            if even_dir
+            else []
+        ),
+        f"- Workloads: 1 client x {args.single_requests} requests x {args.max_tokens} tokens; "
+        f"{args.concurrency} clients x {args.rounds} request(s) x {args.max_tokens} tokens; "
+        f"{args.long_trials} prompts of about {args.long_tokens} tokens x "
+        f"{args.long_max_tokens} tokens. Greedy; every prompt starts with a unique tag "
+        "(no prompt-cache hits); 2 warm-up requests per server first.",
+        "",
+    ]
+    for key, by_server in results.items():
+        lines += [f"## {key}", "", *ratios_table(by_server), "", *summaries_table(by_server), ""]
+    return "\n".join(lines)

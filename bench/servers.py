@@ -1,0 +1,221 @@
+"""The two servers bench.compare starts and stops: ours (launch.sh) and mlx_lm.server."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from bench.loadgen import Endpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = ROOT / ".venv" / "bin" / "python"
+MLX_LAUNCH = ROOT / ".venv" / "bin" / "mlx.launch"
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_range(count: int) -> int:
+    """A random start in 20000-60000 with `count` consecutive free ports."""
+    for _ in range(200):
+        start = random.randint(20000, 60000 - count)
+        try:
+            for port in range(start, start + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return start
+    raise RuntimeError("no free port range for the ring backend")
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def wait_quiet(limit: float, patience: float) -> None:
+    """Wait until the 1-minute load average is below `limit`; refuse after `patience` s."""
+    deadline = time.monotonic() + patience
+    while load_average() > limit:
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"error: the 1-minute load average is {load_average():.2f} (limit {limit}): "
+                "measurements on a busy machine are meaningless; retry when it is quiet "
+                "or pass --max-load"
+            )
+        log(f"load average {load_average():.2f} > {limit}: waiting")
+        time.sleep(15)
+
+
+def wait_ready(endpoint: Endpoint, timeout: float, alive: Callable[[], bool]) -> float:
+    """Until a 1-token chat completion succeeds; seconds waited."""
+    start = time.monotonic()
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    if endpoint.model:
+        body["model"] = endpoint.model
+    url = endpoint.url + "/v1/chat/completions"
+    last = ""
+    while time.monotonic() - start < timeout:
+        if not alive():
+            raise RuntimeError(f"the server exited before it answered ({last})")
+        try:
+            response = httpx.post(url, json=body, timeout=60)
+            if response.status_code == 200:
+                return time.monotonic() - start
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not answer within {timeout:.0f} s ({last})")
+
+
+# ---- the two servers --------------------------------------------------------------------
+
+
+class Ours:
+    """Our cluster through launch.sh, with settings passed as environment variables."""
+
+    name = "ours"
+
+    def __init__(self, ranks: int, env: dict[str, str], model_dir: Path, workdir: Path) -> None:
+        self.ranks = ranks
+        self.port = free_port()
+        self.env = env | {
+            "MODEL": str(model_dir),
+            "NUM_DEVICES": str(ranks),
+            "API_HOST": "127.0.0.1",
+            "API_PORT": str(self.port),
+            "SOCKET_PATH": str(workdir / f"ours-{ranks}.sock"),
+            "API_KEY": "",
+        }
+        self.endpoint = Endpoint(f"http://127.0.0.1:{self.port}", "default")
+
+    def _launch(self, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["./launch.sh", command],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def start(self) -> None:
+        done = self._launch("start", 900)
+        if done.returncode != 0:
+            self.stop()
+            tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+            raise RuntimeError("./launch.sh start failed:\n" + "\n".join(tail))
+        wait_ready(self.endpoint, 120, lambda: True)
+
+    def stop(self) -> None:
+        done = self._launch("stop", 120)
+        if done.returncode != 0:
+            log(f"./launch.sh stop exited {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
+class Peer:
+    """mlx_lm.server on the same model directory: directly at 1 rank, else mlx.launch."""
+
+    name = "mlx_lm.server"
+
+    def __init__(self, ranks: int, env: dict[str, str], model_dir: Path, workdir: Path) -> None:
+        self.ranks = ranks
+        self.port = free_port()
+        self.env = env
+        self.model_dir = model_dir
+        self.log_path = workdir / f"peer-{ranks}-{model_dir.name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.endpoint = Endpoint(f"http://127.0.0.1:{self.port}", "default_model")
+
+    def command(self) -> list[str]:
+        server = ["-m", "mlx_lm", "server", "--model", str(self.model_dir)]
+        server += ["--port", str(self.port)]
+        if self.ranks == 1:
+            return [str(PY), *server]
+        return [
+            str(MLX_LAUNCH),
+            "--backend",
+            "ring",
+            "-n",
+            str(self.ranks),
+            "--hosts",
+            "127.0.0.1",
+            "-p",
+            str(free_port_range(self.ranks)),
+            "--env",
+            f"LD_PRELOAD={OPENBLAS}",
+            "--python",
+            str(PY),
+            "--",
+            *server,
+        ]
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as out:
+            # stdin: an open pipe that never carries data, like a terminal left alone
+            self.process = subprocess.Popen(
+                self.command(),
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            wait_ready(self.endpoint, 300, self.alive)
+        except RuntimeError as exc:
+            self.stop()
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+            died = [line.split(" - ")[-1] for line in lines if "thread died:" in line]
+            errors = died or [line for line in lines if "Error" in line and "HTTP" not in line]
+            raise RuntimeError(f"{exc}: {(errors or lines or [''])[0].strip()}") from None
+
+    def alive(self) -> bool:
+        """Running, and its generation thread has not died (it then answers 404 forever)."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        return "generation thread died" not in self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """TERM the whole process group (mlx.launch and its ranks), KILL after 10 s."""
+        if self.process is None:
+            return
+        group = self.process.pid
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self.process.poll()
+                try:
+                    os.killpg(group, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                continue
+            break
+        if self.process.stdin:
+            self.process.stdin.close()
+        self.process.wait(timeout=5)
+        self.process = None

@@ -1,0 +1,209 @@
+"""bench/: statistics, stream parsing, ratio verdicts, the even-head variant, and the load
+generator against a real mlx_lm.server (tiny model, one rank)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.even_model import make_even_variant
+from bench.loadgen import (
+    RequestResult,
+    _read_event,
+    essay_prompt,
+    long_prompt,
+    percentile,
+    run_load,
+    summarize,
+    table,
+)
+from bench.report import ratio_rows
+from bench.servers import Peer
+from tests.support.tiny_models import write_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_percentile_by_hand() -> None:
+    assert percentile([], 50) is None
+    assert percentile([7.0], 90) == 7.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10, 0, 20, 30, 40], 90) == pytest.approx(36.0)  # 3.6 ranks in
+    assert percentile([1, 2], 0) == 1 and percentile([1, 2], 100) == 2
+    with pytest.raises(ValueError, match="within 0..100"):
+        percentile([1.0], 101)
+
+
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=50),
+    st.floats(0, 100),
+)
+def test_percentile_matches_numpy(values: list[float], q: float) -> None:
+    assert percentile(values, q) == pytest.approx(np.percentile(values, q), abs=1e-6)
+
+
+def test_request_figures() -> None:
+    # first token at 0.5 s, then 9 more tokens over 1.8 s (usage says 10 tokens in 4 chunks)
+    result = RequestResult(ok=True, completion_tokens=10, chunk_times=[0.5, 1.0, 1.7, 2.3])
+    assert result.ttft == 0.5
+    assert result.decode_seconds == pytest.approx(1.8)
+    assert result.itl == pytest.approx(0.2)
+    assert result.decode_tps == pytest.approx(5.0)
+    single = RequestResult(ok=True, completion_tokens=1, chunk_times=[0.3])
+    assert single.ttft == 0.3 and single.decode_tps is None and single.itl is None
+
+
+def test_summary_throughput_errors_and_table() -> None:
+    results = [
+        RequestResult(
+            ok=True,
+            start=100.0,
+            end=2.0,
+            prompt_tokens=20,
+            completion_tokens=11,
+            chunk_times=[0.2, 2.0],
+        ),
+        RequestResult(
+            ok=True,
+            start=100.5,
+            end=3.5,
+            prompt_tokens=30,
+            completion_tokens=21,
+            chunk_times=[1.0, 3.0],
+        ),
+        RequestResult(ok=False, start=101.0, end=0.1, error="HTTP 503: busy"),
+    ]
+    summary = summarize("two", 2, results)
+    assert summary.requests == 3 and summary.errors == 1
+    assert summary.error_samples == ["HTTP 503: busy"]
+    assert summary.wall_seconds == pytest.approx(4.0)  # 100.0 .. 104.0
+    assert summary.completion_tokens_total == 32
+    assert summary.throughput_tok_s == pytest.approx(8.0)
+    assert summary.ttft_s.median == pytest.approx(0.6)
+    assert summary.decode_tok_s.median == pytest.approx((10 / 1.8 + 10.0) / 2)
+    assert summary.prompt_tokens_median == 25
+    text = table([summary])
+    assert "2/3" in text and "8.0" in text and "HTTP 503: busy" in text
+    assert summarize("none", 1, []).throughput_tok_s is None
+
+
+def test_stream_events() -> None:
+    result = RequestResult()
+    chunk = {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+    assert not _read_event("data: " + json.dumps(chunk), result)
+    assert not _read_event(": keep-alive comment", result)
+    assert not _read_event('data: {"choices": [{"delta": {"role": "assistant"}}]}', result)
+    usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}
+    assert not _read_event("data: " + json.dumps(usage), result)
+    assert len(result.chunk_times) == 1
+    assert (result.prompt_tokens, result.completion_tokens) == (9, 4)
+    assert _read_event("data: [DONE]", result)
+    failed = RequestResult()
+    assert _read_event('data: {"error": {"message": "ranks down"}}', failed)
+    assert failed.error == "ranks down"
+
+
+def test_prompts_are_unique_and_long_enough() -> None:
+    assert essay_prompt(0, "a") != essay_prompt(0, "b")
+    text = long_prompt(300, "t", count=lambda s: len(s.split()))
+    assert text.startswith("[t]") and 300 <= len(text.split()) < 360
+
+
+def _summaries(single_tps: float, agg: float, ttft: float) -> dict:
+    results = {
+        "single": [
+            RequestResult(
+                ok=True,
+                start=0,
+                end=1,
+                completion_tokens=11,
+                chunk_times=[0.1, 0.1 + 10 / single_tps],
+            )
+        ],
+        "concurrent": [
+            RequestResult(
+                ok=True, start=0, end=10, completion_tokens=int(agg * 10), chunk_times=[0.5, 9.0]
+            )
+        ],
+        "long": [
+            RequestResult(
+                ok=True, start=0, end=ttft + 1, completion_tokens=2, chunk_times=[ttft, ttft + 0.5]
+            )
+        ],
+    }
+    return {name: summarize(name, 1, r) for name, r in results.items()}
+
+
+def test_ratio_verdicts() -> None:
+    rows = ratio_rows({"ours": _summaries(20, 120, 0.5), "mlx_lm.server": _summaries(10, 110, 1.0)})
+    decode, aggregate, ttft = rows[:3]
+    assert decode["ratio"] == pytest.approx(2.0) and decode["met"] is True
+    assert aggregate["ratio"] == pytest.approx(120 / 110) and aggregate["met"] is False
+    assert ttft["ratio"] == pytest.approx(0.5) and ttft["met"] is True
+    failed = ratio_rows({"ours": _summaries(20, 120, 0.5), "mlx_lm.server": "crashed"})
+    assert failed[0]["peer"] is None and failed[0]["met"] is None
+
+
+def test_compare_help() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "--ranks" in done.stdout and "mlx_lm.server" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        tmp_path_factory.mktemp("bench") / "tiny",
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        hidden_size=96,
+    )
+
+
+def test_even_variant(tiny_model: Path, tmp_path: Path) -> None:
+    from mlx_lm import load
+
+    out = make_even_variant(tiny_model, tmp_path / "even", kv_heads=2)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    weights = mx.load(str(out / "model.safetensors"))
+    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (64, 96)
+    assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (32, 96)
+    assert weights["model.layers.0.self_attn.o_proj.weight"].shape == (96, 64)
+    assert mx.all(weights["lm_head.weight"][config["eos_token_id"]] == 0).item()
+    model, _ = load(str(out))
+    logits = model(mx.array([[1, 2, 3]]))
+    assert logits.shape[-1] == config["vocab_size"]
+
+
+def test_loadgen_against_mlx_lm_server(tiny_model: Path, tmp_path: Path) -> None:
+    """Two concurrent streams against a real mlx_lm.server; tokens come from usage."""
+    peer = Peer(1, dict(os.environ), tiny_model, tmp_path)
+    peer.start()
+    try:
+        prompts = [essay_prompt(i, f"test{i}") for i in range(2)]
+        results = asyncio.run(run_load(peer.endpoint, prompts, 2, 6))
+    finally:
+        peer.stop()
+    assert peer.process is None
+    assert all(r.ok for r in results), [r.error for r in results]
+    for r in results:
+        assert 1 <= r.completion_tokens <= 6 and r.prompt_tokens > 10
+        assert 0 < r.ttft <= r.end
+    summary = summarize("tiny", 2, results)
+    assert summary.throughput_tok_s and summary.throughput_tok_s > 0
