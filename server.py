@@ -135,7 +135,7 @@ class Leader:
         scheduler, events = self.scheduler, self.events
         sleeping = True
 
-        def send(plan: StepPlan) -> None:
+        def wake_workers() -> None:
             nonlocal sleeping
             if sleeping and wake is not None:
                 try:
@@ -144,6 +144,11 @@ class Leader:
                     log.debug("woke the workers at %.6f", woke_at)
                 except OSError as exc:
                     _die(EXIT_PEER_GONE, f"a worker rank is gone (wake channel: {exc})")
+            sleeping = False
+
+        def send(plan: StepPlan) -> None:
+            nonlocal sleeping
+            wake_workers()
             sleeping = plan.sleep or plan.stop
             broadcaster.broadcast(plan.encode())
             if not plan.stop:
@@ -154,7 +159,10 @@ class Leader:
                 if not sleeping:
                     send(scheduler.idle_plan(engine))
                     engine.advance_idle()
-                self._handle(events.get())
+                event = events.get()
+                if event.kind == "submit":
+                    wake_workers()  # their wake-up overlaps with tokenizing the prompt
+                self._handle(event)
             while True:
                 try:
                     self._handle(events.get_nowait())
