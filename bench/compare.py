@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.even_model import make_even_variant
 from bench.loadgen import (
-    Endpoint,
+    RequestResult,
     Summary,
     essay_prompt,
     long_prompt,
@@ -36,32 +36,47 @@ from bench.loadgen import (
     table,
 )
 from bench.report import markdown_report, ratio_rows
-from bench.servers import OPENBLAS, PY, ROOT, Ours, Peer, load_average, log, wait_quiet
+from bench.servers import OPENBLAS, PY, ROOT, Ours, Peer, group_cpu, load_average, log, wait_quiet
 
 # ---- workloads --------------------------------------------------------------------------
 
 
-def run_workloads(endpoint: Endpoint, args: argparse.Namespace, counter, tag: str) -> dict:
-    """The three workloads against one endpoint; summaries by workload key."""
+def run_workloads(server, args: argparse.Namespace, counter, tag: str) -> dict:
+    """The three workloads against one server; summaries by workload key. A workload that
+    outlives --workload-timeout counts as failed requests; the server's CPU use (share of
+    one core per process role) is recorded with each workload."""
+    endpoint = server.endpoint
 
-    def load(prompts: list[str], concurrency: int, max_tokens: int) -> list:
-        return asyncio.run(run_load(endpoint, prompts, concurrency, max_tokens))
+    def load(label: str, prompts: list[str], concurrency: int, max_tokens: int) -> Summary:
+        before = group_cpu(server.process_groups())
+        start = time.monotonic()
+        try:
+            results = asyncio.run(
+                asyncio.wait_for(
+                    run_load(endpoint, prompts, concurrency, max_tokens), args.workload_timeout
+                )
+            )
+        except TimeoutError:
+            failed = f"timed out after {args.workload_timeout:.0f} s"
+            results = [RequestResult(error=failed, start=start) for _ in prompts]
+        seconds = time.monotonic() - start
+        after = group_cpu(server.process_groups())
+        summary = summarize(label, concurrency, results)
+        summary.server_cpu = {
+            role: round((after[role] - before.get(role, 0.0)) / seconds * 100, 1) for role in after
+        }
+        return summary
 
-    load([essay_prompt(i, f"{tag}-warm{i}") for i in range(2)], 1, 16)
+    load("warm-up", [essay_prompt(i, f"{tag}-warm{i}") for i in range(2)], 1, 16)
     out: dict[str, Summary] = {}
     single = [essay_prompt(i, f"{tag}-s{i}") for i in range(args.single_requests)]
-    out["single"] = summarize("1 client", 1, load(single, 1, args.max_tokens))
-    count = args.concurrency * args.rounds
-    batch = [essay_prompt(i, f"{tag}-c{i}") for i in range(count)]
-    out["concurrent"] = summarize(
-        f"{args.concurrency} clients",
-        args.concurrency,
-        load(batch, args.concurrency, args.max_tokens),
+    out["single"] = load("1 client", single, 1, args.max_tokens)
+    batch = [essay_prompt(i, f"{tag}-c{i}") for i in range(args.concurrency * args.rounds)]
+    out["concurrent"] = load(
+        f"{args.concurrency} clients", batch, args.concurrency, args.max_tokens
     )
     long = [long_prompt(args.long_tokens, f"{tag}-l{i}", counter) for i in range(args.long_trials)]
-    out["long"] = summarize(
-        f"{args.long_tokens}-token prompt", 1, load(long, 1, args.long_max_tokens)
-    )
+    out["long"] = load(f"{args.long_tokens}-token prompt", long, 1, args.long_max_tokens)
     return out
 
 
@@ -111,6 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=1500)
     parser.add_argument("--long-trials", type=int, default=3)
     parser.add_argument("--long-max-tokens", type=int, default=16)
+    parser.add_argument("--workload-timeout", type=float, default=420.0, help="seconds")
     parser.add_argument("--openblas-threads", default="", help="OPENBLAS_NUM_THREADS for both")
     parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")
     parser.add_argument("--load-patience", type=float, default=600.0)
@@ -136,7 +152,7 @@ def run_one(server, key: str, args: argparse.Namespace, counter, tag: str):
     try:
         server.start()
         log(f"{server.name}, {key}: ready; running the workloads")
-        summaries = run_workloads(server.endpoint, args, counter, tag)
+        summaries = run_workloads(server, args, counter, tag)
     except RuntimeError as exc:
         log(f"{server.name}, {key}: FAILED: {exc}")
         return str(exc).splitlines()[0]

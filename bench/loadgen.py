@@ -123,6 +123,7 @@ class Summary(BaseModel):
     ttft_s: Stat
     itl_ms: Stat
     decode_tok_s: Stat
+    server_cpu: dict[str, float] = {}  # % of one core by process role, filled by callers
 
 
 def summarize(label: str, concurrency: int, results: Sequence[RequestResult]) -> Summary:

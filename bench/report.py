@@ -18,18 +18,18 @@ PEER = "mlx_lm.server"
 # (label, workload, figure, target ratio, higher is better)
 TARGETS = [
     ("decode tok/s per request, 1 client (median)", "single", "decode_median", 1.0, True),
-    ("aggregate tok/s, 8 clients", "concurrent", "throughput", 1.2, True),
+    ("aggregate tok/s, {c} clients", "concurrent", "throughput", 1.2, True),
     ("time to first token, long prompt (median s)", "long", "ttft_median", 1.0, False),
 ]
 INFO = [
     ("time to first token, 1 client (median s)", "single", "ttft_median", True),
-    ("time to first token, 8 clients (median s)", "concurrent", "ttft_median", False),
-    ("time to first token, 8 clients (p90 s)", "concurrent", "ttft_p90", False),
-    ("inter-token latency, 8 clients (median ms)", "concurrent", "itl_median", False),
-    ("inter-token latency, 8 clients (p90 ms)", "concurrent", "itl_p90", False),
-    ("decode tok/s per request, 8 clients (median)", "concurrent", "decode_median", True),
+    ("time to first token, {c} clients (median s)", "concurrent", "ttft_median", False),
+    ("time to first token, {c} clients (p90 s)", "concurrent", "ttft_p90", False),
+    ("inter-token latency, {c} clients (median ms)", "concurrent", "itl_median", False),
+    ("inter-token latency, {c} clients (p90 ms)", "concurrent", "itl_p90", False),
+    ("decode tok/s per request, {c} clients (median)", "concurrent", "decode_median", True),
     ("completion tokens, 1 client (all requests)", "single", "tokens", None),
-    ("completion tokens, 8 clients (all requests)", "concurrent", "tokens", None),
+    ("completion tokens, {c} clients (all requests)", "concurrent", "tokens", None),
     ("prompt tokens, long prompt (median)", "long", "prompt_tokens", None),
 ]
 
@@ -58,6 +58,7 @@ def ratio_rows(by_server: dict[str, dict[str, Summary] | str]) -> list[dict]:
     ours, peer = (by_server.get(name) for name in (OURS, PEER))
     ours = ours if isinstance(ours, dict) else None  # a string says why that server failed
     peer = peer if isinstance(peer, dict) else None
+    c = next((x["concurrent"].concurrency for x in (ours, peer) if x), "C")
     for label, workload, name, target, higher in TARGETS:
         a = figure(ours[workload], name) if ours else None
         b = figure(peer[workload], name) if peer else None
@@ -66,7 +67,7 @@ def ratio_rows(by_server: dict[str, dict[str, Summary] | str]) -> list[dict]:
         sign = ">=" if higher else "<="
         rows.append(
             {
-                "label": label,
+                "label": label.format(c=c),
                 "ours": a,
                 "peer": b,
                 "ratio": r,
@@ -78,7 +79,14 @@ def ratio_rows(by_server: dict[str, dict[str, Summary] | str]) -> list[dict]:
         a = figure(ours[workload], name) if ours else None
         b = figure(peer[workload], name) if peer else None
         rows.append(
-            {"label": label, "ours": a, "peer": b, "ratio": ratio(a, b), "target": "", "met": None}
+            {
+                "label": label.format(c=c),
+                "ours": a,
+                "peer": b,
+                "ratio": ratio(a, b),
+                "target": "",
+                "met": None,
+            }
         )
     return rows
 
@@ -92,12 +100,12 @@ def _num(value: float | None, digits: int = 2) -> str:
 def summaries_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
     lines = [
         "| server | workload | ok | tokens | agg tok/s | TTFT s (med / p90) | "
-        "ITL ms (med / p90) | decode tok/s (med / p90) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "ITL ms (med / p90) | decode tok/s (med / p90) | server CPU, % of a core |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, workloads in by_server.items():
         if isinstance(workloads, str):
-            lines.append(f"| {name} | failed: {workloads.replace('|', '/')} | | | | | | |")
+            lines.append(f"| {name} | failed: {workloads.replace('|', '/')} | | | | | | | |")
             continue
         for s in workloads.values():
             lines.append(
@@ -105,7 +113,8 @@ def summaries_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]
                 f"{s.completion_tokens_total} | {_num(s.throughput_tok_s, 1)} | "
                 f"{_num(s.ttft_s.median, 3)} / {_num(s.ttft_s.p90, 3)} | "
                 f"{_num(s.itl_ms.median, 1)} / {_num(s.itl_ms.p90, 1)} | "
-                f"{_num(s.decode_tok_s.median, 1)} / {_num(s.decode_tok_s.p90, 1)} |"
+                f"{_num(s.decode_tok_s.median, 1)} / {_num(s.decode_tok_s.p90, 1)} | "
+                f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(s.server_cpu.items()))} |"
             )
     return lines
 

@@ -85,6 +85,44 @@ def wait_ready(endpoint: Endpoint, timeout: float, alive: Callable[[], bool]) ->
     raise RuntimeError(f"the server did not answer within {timeout:.0f} s ({last})")
 
 
+def _pid_alive(text: str) -> bool:
+    if not text.isdigit():
+        return False
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _role(command: str) -> str:
+    if "mlx.launch" in command:
+        return "mlx.launch"
+    if "api.py" in command:
+        return "api"
+    return "ranks"
+
+
+def group_cpu(groups: list[int]) -> dict[str, float]:
+    """CPU seconds (user + system) of the live processes in these process groups, summed
+    by role: mlx.launch, api, ranks (Linux /proc; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) not in groups:  # fields[2] is the process group
+                continue
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        role = _role(command)
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 # ---- the two servers --------------------------------------------------------------------
 
 
@@ -111,18 +149,36 @@ class Ours:
             ["./launch.sh", command],
             cwd=ROOT,
             env=self.env,
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
         )
 
     def start(self) -> None:
+        for name in ("ranks.pid", "api.pid"):  # launch.sh keeps one cluster per checkout
+            pid_file = ROOT / "run" / name
+            if pid_file.exists() and _pid_alive(pid_file.read_text().strip()):
+                raise RuntimeError(
+                    f"a cluster of this checkout is already running ({pid_file}): stop it "
+                    "with ./launch.sh stop first"
+                )
         done = self._launch("start", 900)
         if done.returncode != 0:
             self.stop()
             tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
             raise RuntimeError("./launch.sh start failed:\n" + "\n".join(tail))
         wait_ready(self.endpoint, 120, lambda: True)
+
+    def process_groups(self) -> list[int]:
+        """launch.sh starts mlx.launch (with the ranks) and api.py as group leaders."""
+        groups = []
+        for name in ("ranks.pid", "api.pid"):
+            text = (
+                (ROOT / "run" / name).read_text().strip() if (ROOT / "run" / name).exists() else ""
+            )
+            groups += [int(text)] if text.isdigit() else []
+        return groups
 
     def stop(self) -> None:
         done = self._launch("stop", 120)
@@ -187,6 +243,9 @@ class Peer:
             died = [line.split(" - ")[-1] for line in lines if "thread died:" in line]
             errors = died or [line for line in lines if "Error" in line and "HTTP" not in line]
             raise RuntimeError(f"{exc}: {(errors or lines or [''])[0].strip()}") from None
+
+    def process_groups(self) -> list[int]:
+        return [self.process.pid] if self.process else []
 
     def alive(self) -> bool:
         """Running, and its generation thread has not died (it then answers 404 forever)."""
