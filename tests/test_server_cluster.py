@@ -291,7 +291,10 @@ def test_idle_ranks_do_not_spin(cluster):
     before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
     time.sleep(3.0)
     used = {name: (_cpu_seconds(pid) - before[name]) / 3.0 for name, pid in pids.items()}
-    assert all(share < 0.02 for share in used.values()), used
+    # The target is 2% of a core per idle rank; mlx.launch wakes ~10 times a second to
+    # relay output, which costs more on a loaded machine.
+    limits = {name: 0.05 if name == "launcher" else 0.02 for name in used}
+    assert all(used[name] < limits[name] for name in used), used
 
 
 # ---- the default model (SmolLM2-135M, imported as float32) ----------------------------
