@@ -171,6 +171,15 @@ launch_ranks() {
     # (--cwd is the same for every host, so only local mode can use it).
     local cwd_args=()
     remote_mode || cwd_args=(--cwd "$ROOT")
+    # OpenBLAS starts one busy-waiting thread per core in every rank, so local ranks that
+    # share the cores fight (measured: 2 ranks on 2 cores decode 2.3x slower). Each local
+    # rank gets its share of the cores unless OPENBLAS_NUM_THREADS is set (bench/compare.py).
+    if ! remote_mode && [[ -z "${OPENBLAS_NUM_THREADS:-}" ]]; then
+        local cores
+        cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
+        OPENBLAS_NUM_THREADS=$((cores / world > 0 ? cores / world : 1))
+        export OPENBLAS_NUM_THREADS
+    fi
     local rank_cmd='d=$1; shift; if [ "$MLX_RANK" != 0 ] && [ -n "$d" ]; then
 case $d in "~"*) d=$HOME${d#"~"} ;; esac; cd "$d" || exit 1; fi; exec ./scripts/rank.sh "$@"'
     local overrides=() line
