@@ -151,7 +151,9 @@ def machine(blas: str) -> list[str]:
     return [
         f"- CPU: {cpu}, {os.cpu_count()} cores{memory}, no GPU",
         f"- OS: {platform.platform()}; Python {platform.python_version()}; {versions}",
-        f"- BLAS: {blas or 'none'} preloaded into both servers (LD_PRELOAD)",
+        f"- BLAS: {blas or 'none'} preloaded into both servers (LD_PRELOAD); "
+        "OPENBLAS_NUM_THREADS per rank = cores / local ranks for both (launch.sh's rule; "
+        "--openblas-threads overrides it)",
     ]
 
 

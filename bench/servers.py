@@ -194,7 +194,8 @@ class Peer:
     def __init__(self, ranks: int, env: dict[str, str], model_dir: Path, workdir: Path) -> None:
         self.ranks = ranks
         self.port = free_port()
-        self.env = env
+        # the OpenBLAS threads per rank that launch.sh gives our local ranks (a fair field)
+        self.env = {"OPENBLAS_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))} | env
         self.model_dir = model_dir
         self.log_path = workdir / f"peer-{ranks}-{model_dir.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -217,6 +218,8 @@ class Peer:
             str(free_port_range(self.ranks)),
             "--env",
             f"LD_PRELOAD={OPENBLAS}",
+            "--env",
+            f"OPENBLAS_NUM_THREADS={self.env['OPENBLAS_NUM_THREADS']}",
             "--python",
             str(PY),
             "--",
