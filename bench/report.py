@@ -52,10 +52,10 @@ def ratio(ours: float | None, peer: float | None) -> float | None:
     return None if ours is None or not peer else ours / peer
 
 
-def ratio_rows(by_server: dict[str, dict[str, Summary] | str]) -> list[dict]:
+def ratio_rows(by_server: dict[str, dict[str, Summary] | str], peer_name: str = PEER) -> list[dict]:
     """Target rows then informational rows: figure of each server, ours/peer, verdict."""
     rows = []
-    ours, peer = (by_server.get(name) for name in (OURS, PEER))
+    ours, peer = (by_server.get(name) for name in (OURS, peer_name))
     ours = ours if isinstance(ours, dict) else None  # a string says why that server failed
     peer = peer if isinstance(peer, dict) else None
     c = next((x["concurrent"].concurrency for x in (ours, peer) if x), "C")
@@ -119,12 +119,14 @@ def summaries_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]
     return lines
 
 
-def ratios_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
+def ratios_table(
+    by_server: dict[str, dict[str, Summary] | str], peer_name: str = PEER
+) -> list[str]:
     lines = [
-        f"| figure | {OURS} | {PEER} | ours/peer | target | met |",
+        f"| figure | {OURS} | {peer_name} | ours/peer | target | met |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for row in ratio_rows(by_server):
+    for row in ratio_rows(by_server, peer_name):
         met = {True: "yes", False: "**no**", None: ""}[row["met"]]
         lines.append(
             f"| {row['label']} | {_num(row['ours'])} | {_num(row['peer'])} | "
@@ -198,5 +200,8 @@ def markdown_report(
         "",
     ]
     for key, by_server in results.items():
-        lines += [f"## {key}", "", *ratios_table(by_server), "", *summaries_table(by_server), ""]
+        lines += [f"## {key}", ""]
+        for peer_name in [name for name in by_server if name.startswith(PEER)]:
+            lines += [*ratios_table(by_server, peer_name), ""]
+        lines += [*summaries_table(by_server), ""]
     return "\n".join(lines)

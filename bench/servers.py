@@ -187,17 +187,29 @@ class Ours:
 
 
 class Peer:
-    """mlx_lm.server on the same model directory: directly at 1 rank, else mlx.launch."""
+    """mlx_lm.server on the same model directory: directly at 1 rank, else mlx.launch.
 
-    name = "mlx_lm.server"
+    quiet_launcher: the ranks' stdin is /dev/null and one byte goes to mlx.launch's stdin
+    once they run, so mlx.launch stops its relay busy loop (the trick launch.sh uses for
+    ours; see DESIGN.md). Without it, the peer runs as a user would start it."""
 
-    def __init__(self, ranks: int, env: dict[str, str], model_dir: Path, workdir: Path) -> None:
+    def __init__(
+        self,
+        ranks: int,
+        env: dict[str, str],
+        model_dir: Path,
+        workdir: Path,
+        quiet_launcher: bool = False,
+    ) -> None:
+        self.name = "mlx_lm.server" + (" (quiet launcher)" if quiet_launcher else "")
+        self.quiet = quiet_launcher and ranks > 1
         self.ranks = ranks
         self.port = free_port()
         # the OpenBLAS threads per rank that launch.sh gives our local ranks (a fair field)
         self.env = {"OPENBLAS_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))} | env
         self.model_dir = model_dir
-        self.log_path = workdir / f"peer-{ranks}-{model_dir.name}.log"
+        quiet = "-quiet" if self.quiet else ""
+        self.log_path = workdir / f"peer-{ranks}{quiet}-{model_dir.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.endpoint = Endpoint(f"http://127.0.0.1:{self.port}", "default_model")
 
@@ -221,8 +233,11 @@ class Peer:
             "--env",
             f"OPENBLAS_NUM_THREADS={self.env['OPENBLAS_NUM_THREADS']}",
             "--python",
-            str(PY),
-            "--",
+            *(
+                ["/bin/sh", "--", "-c", 'exec "$0" "$@" </dev/null', str(PY)]
+                if self.quiet
+                else [str(PY), "--"]
+            ),
             *server,
         ]
 
@@ -240,6 +255,9 @@ class Peer:
             )
         try:
             wait_ready(self.endpoint, 300, self.alive)
+            if self.quiet and self.process.stdin:
+                self.process.stdin.write(b"\n")  # its relay's writes now fail: it stops polling
+                self.process.stdin.flush()
         except RuntimeError as exc:
             self.stop()
             lines = self.log_path.read_text(errors="replace").strip().splitlines()
