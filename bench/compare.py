@@ -49,6 +49,7 @@ def run_workloads(server, args: argparse.Namespace, counter, tag: str) -> dict:
 
     def load(label: str, prompts: list[str], concurrency: int, max_tokens: int) -> Summary:
         before = group_cpu(server.process_groups())
+        load = load_average()
         start = time.monotonic()
         try:
             results = asyncio.run(
@@ -62,6 +63,7 @@ def run_workloads(server, args: argparse.Namespace, counter, tag: str) -> dict:
         seconds = time.monotonic() - start
         after = group_cpu(server.process_groups())
         summary = summarize(label, concurrency, results)
+        summary.load_average = round(load, 2)
         summary.server_cpu = {
             role: round((after[role] - before.get(role, 0.0)) / seconds * 100, 1) for role in after
         }

@@ -124,6 +124,7 @@ class Summary(BaseModel):
     itl_ms: Stat
     decode_tok_s: Stat
     server_cpu: dict[str, float] = {}  # % of one core by process role, filled by callers
+    load_average: float | None = None  # the machine's 1-minute load average at the start
 
 
 def summarize(label: str, concurrency: int, results: Sequence[RequestResult]) -> Summary:

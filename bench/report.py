@@ -100,12 +100,12 @@ def _num(value: float | None, digits: int = 2) -> str:
 def summaries_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
     lines = [
         "| server | workload | ok | tokens | agg tok/s | TTFT s (med / p90) | "
-        "ITL ms (med / p90) | decode tok/s (med / p90) | server CPU, % of a core |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "ITL ms (med / p90) | decode tok/s (med / p90) | server CPU, % of a core | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, workloads in by_server.items():
         if isinstance(workloads, str):
-            lines.append(f"| {name} | failed: {workloads.replace('|', '/')} | | | | | | | |")
+            lines.append(f"| {name} | failed: {workloads.replace('|', '/')} | | | | | | | | |")
             continue
         for s in workloads.values():
             lines.append(
@@ -114,7 +114,8 @@ def summaries_table(by_server: dict[str, dict[str, Summary] | str]) -> list[str]
                 f"{_num(s.ttft_s.median, 3)} / {_num(s.ttft_s.p90, 3)} | "
                 f"{_num(s.itl_ms.median, 1)} / {_num(s.itl_ms.p90, 1)} | "
                 f"{_num(s.decode_tok_s.median, 1)} / {_num(s.decode_tok_s.p90, 1)} | "
-                f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(s.server_cpu.items()))} |"
+                f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(s.server_cpu.items()))} | "
+                f"{_num(s.load_average)} |"
             )
     return lines
 
@@ -196,7 +197,8 @@ def markdown_report(
         f"{args.concurrency} clients x {args.rounds} request(s) x {args.max_tokens} tokens; "
         f"{args.long_trials} prompts of about {args.long_tokens} tokens x "
         f"{args.long_max_tokens} tokens. Greedy; every prompt starts with a unique tag "
-        "(no prompt-cache hits); 2 warm-up requests per server first.",
+        "(no prompt-cache hits); 2 warm-up requests per server first. `load`: the 1-minute "
+        "load average when the workload started.",
         "",
     ]
     for key, by_server in results.items():
