@@ -127,12 +127,7 @@ class Cluster:
         nudged = False
         while True:
             if not nudged and self.socket_path.exists():
-                # Rank 0 binds its socket after the group handshake, which every rank
-                # enters after closing its stdin. One byte now makes mlx.launch stop
-                # relaying stdin (it busy-loops otherwise); our end stays open, no EOF.
-                with contextlib.suppress(OSError):
-                    self.process.stdin.write(b"\n")
-                    self.process.stdin.flush()
+                self._quiet_launcher()  # now, so it does not spin while the model loads
                 nudged = True
             if self.process.poll() is not None:
                 raise _EndedEarly(
@@ -145,7 +140,20 @@ class Cluster:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ClusterError(f"{exc}\n{self.log_tail()}") from None
+        if not nudged:
+            # A small model can bind the socket and be ready within one wait_ready call.
+            self._quiet_launcher()
         return status
+
+    def _quiet_launcher(self) -> None:
+        """One byte on mlx.launch's stdin: it stops relaying stdin, which it busy-loops on.
+
+        Only once every rank has closed its stdin: rank 0 binds its socket after the group
+        handshake, which every rank enters after closing it. Our end stays open (no EOF).
+        """
+        with contextlib.suppress(OSError):
+            self.process.stdin.write(b"\n")
+            self.process.stdin.flush()
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Ask rank 0 to stop every rank; kill the process group if that takes too long."""
