@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Literal
@@ -11,6 +12,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
+REMOTE_PATH = re.compile(r"^[~A-Za-z0-9_./-]+$")  # used unquoted in the workers' shells
 
 
 class Settings(BaseSettings):
@@ -79,6 +81,30 @@ class Settings(BaseSettings):
             raise ValueError("every weight must be positive, for example 2,1,1")
         return value
 
+    @field_validator("remote_dir")
+    @classmethod
+    def _check_remote_dir(cls, value: str) -> str:
+        dirs = _split_list(value)
+        if not dirs:
+            raise ValueError("must name a directory, for example ~/mlx-ring")
+        bad = [d for d in dirs if not REMOTE_PATH.match(d)]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} must be a plain path (letters, digits, ~ _ . / -); give one "
+                "path for every worker or a comma list with one per worker"
+            )
+        return ",".join(dirs)
+
+    @model_validator(mode="after")
+    def _check_remote_dir_count(self) -> Settings:
+        dirs, hosts = _split_list(self.remote_dir), self.worker_host_list
+        if hosts and len(dirs) > 1 and len(dirs) != len(hosts):
+            raise ValueError(
+                f"REMOTE_DIR has {len(dirs)} paths but WORKER_HOSTS has {len(hosts)}: give "
+                "one path for every worker, or one per worker in the order of WORKER_HOSTS"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:
         if self.default_max_tokens >= self.max_sequence_length:
@@ -93,11 +119,22 @@ class Settings(BaseSettings):
         """WORKER_HOSTS split on commas and spaces, empty entries dropped."""
         return [host for host in self.worker_hosts.replace(",", " ").split() if host]
 
+    @property
+    def remote_dir_list(self) -> list[str]:
+        """The project directory of each worker, in WORKER_HOSTS order."""
+        dirs, count = _split_list(self.remote_dir), len(self.worker_host_list)
+        return dirs * count if len(dirs) == 1 else dirs[:count]  # count checked above
+
     def parsed_rank_weights(self, world_size: int) -> list[float] | None:
         """Explicit per-rank weights, None for equal or `auto` (resolved by the planner)."""
         if self.rank_weights in ("", "auto"):
             return None
         return [float(part) for part in self.rank_weights.split(",")]
+
+
+def _split_list(value: str) -> list[str]:
+    """A comma (or space) separated setting as its non-empty parts."""
+    return [part for part in value.replace(",", " ").split() if part]
 
 
 def _describe(error: dict) -> str:

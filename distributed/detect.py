@@ -97,7 +97,9 @@ def remote_facts(dest: str, remote_dir: str, timeout: float) -> HostFacts:
     return HostFacts.model_validate_json(out.stdout.strip().splitlines()[-1])
 
 
-def compare(host: str, here: HostFacts, there: HostFacts) -> list[str]:
+def compare(
+    host: str, here: HostFacts, there: HostFacts, remote_dir: str = "REMOTE_DIR"
+) -> list[str]:
     """One line per mismatch between this machine and a worker, each saying what to fix."""
     problems = []
     if here.python.rsplit(".", 1)[0] != there.python.rsplit(".", 1)[0]:
@@ -112,8 +114,9 @@ def compare(host: str, here: HostFacts, there: HostFacts) -> list[str]:
         ):
             if mine != theirs:
                 problems.append(
-                    f"{host}: {name} {theirs or 'missing'}, here {mine}: run "
-                    "`./launch.sh start` to sync requirements.txt and reinstall there"
+                    f"{host}: {name} {theirs or 'missing'}, here {mine}: delete "
+                    f"{remote_dir}/.venv there, then `./launch.sh start` installs the "
+                    "pinned requirements.txt"
                 )
     if there.free_bytes is not None and there.free_bytes < MIN_FREE_BYTES:
         problems.append(
@@ -139,9 +142,9 @@ def detect(settings: Settings, timeout: float) -> int:
         print(f"local mode: WORKER_HOSTS is empty, {settings.num_devices} ranks on 127.0.0.1")
         return 0
     failed = False
-    for address, dest in workers:
+    for (address, dest), remote_dir in zip(workers, settings.remote_dir_list, strict=True):
         try:
-            there = remote_facts(dest, settings.remote_dir, timeout)
+            there = remote_facts(dest, remote_dir, timeout)
         except (ConnectionError, ValueError) as exc:
             failed = True
             print(
@@ -155,7 +158,7 @@ def detect(settings: Settings, timeout: float) -> int:
             f"mlx {there.mlx or '-'}, mlx-lm {there.mlx_lm or '-'} ({venv}), "
             f"free {_gib(there.free_bytes)} of {_gib(there.total_bytes)}"
         )
-        for problem in compare(dest, here, there):
+        for problem in compare(dest, here, there, remote_dir):
             failed = True
             print(f"problem: {problem}")
     print("detect: FAILED, fix the problems above" if failed else "detect: all hosts ready")

@@ -10,7 +10,7 @@ destination; "127.0.0.1" makes mlx.launch run that rank locally without SSH), `i
 `rdma` for the jaccl backend, plus our own `weight` (mlx.launch ignores extra keys).
 
     python -m distributed.hostfile write [--out hosts.json]
-    python -m distributed.hostfile workers          # "rank ssh-destination" per worker
+    python -m distributed.hostfile workers          # "rank ssh-destination dir" per worker
     python -m distributed.hostfile free-port --count N
 """
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     write = sub.add_parser("write", help="write hosts.json for mlx.launch")
     write.add_argument("--out", type=Path, default=PROJECT_DIR / "hosts.json")
-    sub.add_parser("workers", help="print 'rank ssh-destination' for each worker host")
+    sub.add_parser("workers", help="print 'rank ssh-destination REMOTE_DIR' per worker")
     port = sub.add_parser("free-port", help="print the first of N consecutive free ports")
     port.add_argument("--count", type=int, default=1)
     args = parser.parse_args(argv)
@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         settings = load_settings()
         if args.command == "workers":
-            for rank, (_, dest) in enumerate(worker_destinations(settings), start=1):
-                print(rank, dest)
+            pairs = zip(worker_destinations(settings), settings.remote_dir_list, strict=True)
+            for rank, ((_, dest), remote_dir) in enumerate(pairs, start=1):
+                print(rank, dest, remote_dir)
             return 0
         entries = build_hosts(settings)
     except HostfileError as exc:
