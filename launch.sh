@@ -156,7 +156,7 @@ launch_ranks() {
     world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
     port="$("$PY" -m distributed.hostfile free-port --count "$world")" ||
         abort_start "no free ports for the ring"
-    remote_mode && remote_dir="$(cfg REMOTE_DIR)"
+    remote_mode && remote_dir="$(remote_dirs)" # rank N's directory is field N
     step "Ranks: $world x server.py with mlx.launch ($(cfg DISTRIBUTED_BACKEND), port $port) -> server.log"
     rm -f "$STDIN_FIFO" "$RUN"/rank-*.pid
     mkfifo "$STDIN_FIFO" || abort_start "cannot create $STDIN_FIFO"
@@ -181,7 +181,8 @@ launch_ranks() {
         export OPENBLAS_NUM_THREADS
     fi
     local rank_cmd='d=$1; shift; if [ "$MLX_RANK" != 0 ] && [ -n "$d" ]; then
-case $d in "~"*) d=$HOME${d#"~"} ;; esac; cd "$d" || exit 1; fi; exec ./scripts/rank.sh "$@"'
+d=$(printf %s "$d" | cut -d, -f"$MLX_RANK"); case $d in "~"*) d=$HOME${d#"~"} ;; esac
+cd "$d" || exit 1; fi; exec ./scripts/rank.sh "$@"'
     local overrides=() line
     local path="$PATH"
     if remote_mode; then
@@ -289,7 +290,7 @@ cmd_start() {
     check_api_port
     resolve_model
     write_hosts
-    remote_mode && sync_workers
+    remote_mode && sync_workers && check_workers
     launch_ranks
     wait_ranks
     mark_stdin_done

@@ -1,27 +1,36 @@
 # Remote mode parts of launch.sh (sourced by it): the worker hosts over SSH.
 # Uses launch.sh's helpers: cfg, workers, ssh_batch, step, info, warn, abort_start.
+# `workers` prints "rank ssh-destination dir" per worker: REMOTE_DIR is one path for
+# every worker or one per worker (validated by config/settings.py: plain path characters,
+# so the paths go unquoted into the remote shell, where `~` expands).
 
 # Environment overrides (NUM_DEVICES=3 ./launch.sh start) must reach the remote ranks
-# too, which only read their synced .env: pass each overridden setting with --env.
+# too, which only read their synced .env: pass each overridden setting with --env, and
+# OPENBLAS_NUM_THREADS when it is set (hosts that share cores, e.g. the namespace tests).
 env_overrides() {
     local key
-    for key in $(cut -d= -f1 "$SETTINGS"); do
+    for key in $(cut -d= -f1 "$SETTINGS") OPENBLAS_NUM_THREADS; do
         [[ -n "${!key+x}" ]] && printf -- '--env\n%s=%s\n' "$key" "${!key}"
     done
 }
 
+# The worker directories as one comma list in rank order (rank N's is field N), for the
+# rank command that mlx.launch runs on every host (see launch_ranks).
+remote_dirs() { workers | awk '{ printf "%s%s", (NR > 1 ? "," : ""), $3 }'; }
+
 sync_workers() {
     local rank dest dir
-    dir="$(cfg REMOTE_DIR)"
-    [[ "$dir" =~ ^[~A-Za-z0-9_./-]+$ ]] ||
-        abort_start "REMOTE_DIR='$dir' must be a plain path (letters, digits, ~ _ . / -)"
-    step "Sync code, config and .env to the workers ($dir)"
-    while read -r rank dest; do
-        info "rank $rank: $dest"
+    step "Sync code, config and .env to the workers"
+    # every worker first, so that one that cannot be reached stops start at once
+    while read -r rank dest dir; do
         ssh_batch "$dest" "mkdir -p $dir" >"$RUN/sync.log" 2>&1 ||
-            abort_start "cannot reach $dest over SSH (run ./launch.sh detect)" "$RUN/sync.log"
-        rsync -az -e "ssh -o BatchMode=yes" --exclude .venv --exclude run --exclude .git \
-            --exclude '*.log' --exclude __pycache__ --exclude .pytest_cache \
+            abort_start "cannot reach rank $rank's host $dest over SSH: $(tail -n 1 \
+                "$RUN/sync.log") (check it with ./launch.sh detect)"
+    done < <(workers)
+    while read -r rank dest dir; do
+        info "rank $rank: $dest:$dir"
+        rsync -az -e "ssh -o BatchMode=yes -o ConnectTimeout=5" --exclude .venv --exclude run \
+            --exclude .git --exclude '*.log' --exclude __pycache__ --exclude .pytest_cache \
             --exclude .ruff_cache --exclude .hypothesis ./ "$dest:$dir/" >>"$RUN/sync.log" 2>&1 ||
             abort_start "rsync to $dest:$dir failed" "$RUN/sync.log"
         ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh runtime" 2>&1 | sed 's/^/      /'
@@ -32,10 +41,19 @@ sync_workers() {
     done < <(workers)
 }
 
+check_workers() { # after sync: same Python, mlx and mlx-lm as here, enough memory
+    step "Check the workers (python -m distributed.detect)"
+    "$PY" -m distributed.detect >"$RUN/detect.txt" 2>&1
+    local rc=$?
+    sed 's/^/    /' "$RUN/detect.txt"
+    ((rc == 0)) && return 0
+    abort_start "worker check failed: $(grep -m 1 -e '^problem: ' -e 'unreachable' -e '^error: ' \
+        "$RUN/detect.txt" | sed 's/^problem: //; s/^error: //')"
+}
+
 stop_workers() { # stop_workers [quiet]: end the ranks each worker recorded, by pid
     local rank dest dir
-    dir="$(cfg REMOTE_DIR)"
-    while read -r rank dest; do
+    while read -r rank dest dir; do
         ssh_batch "$dest" "$dir/scripts/ranks.sh stop" 2>/dev/null | sed 's/^/    /' ||
             [[ "${1:-}" == quiet ]] || warn "could not reach $dest to stop rank $rank"
     done < <(workers 2>/dev/null)
@@ -43,8 +61,7 @@ stop_workers() { # stop_workers [quiet]: end the ranks each worker recorded, by 
 
 status_workers() { # each worker's ranks; returns 1 when any is down or unreachable
     local rank dest dir ok=0 rc
-    dir="$(cfg REMOTE_DIR)"
-    while read -r rank dest; do
+    while read -r rank dest dir; do
         ssh_batch "$dest" "$dir/scripts/ranks.sh status $dest $rank" 2>/dev/null
         rc=$?
         case $rc in
