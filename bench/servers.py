@@ -105,21 +105,36 @@ def _role(command: str) -> str:
     return "ranks"
 
 
-def group_cpu(groups: list[int]) -> dict[str, float]:
-    """CPU seconds (user + system) of the live processes in these process groups, summed
-    by role: mlx.launch, api, ranks (Linux /proc; empty elsewhere)."""
+def process_cpu(groups: list[int]) -> dict[str, tuple[str, float]]:
+    """{name: (role, CPU seconds)} of the live processes in these process groups (Linux
+    /proc; empty elsewhere). Names: `mlx.launch`, `api`, `rank N` (from MLX_RANK), else
+    `pid N`; a pid is appended when a name repeats. Roles: mlx.launch, api, ranks."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    out: dict[str, tuple[str, float]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) not in groups:  # fields[2] is the process group
                 continue
             command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
         role = _role(command)
-        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        rank = next((item[9:].decode() for item in environ if item.startswith(b"MLX_RANK=")), "")
+        name = {"ranks": f"rank {rank}" if rank else "pid"}.get(role, role)
+        if name in out or name == "pid":
+            name += f" {stat.parent.name}"
+        out[name] = (role, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def group_cpu(groups: list[int]) -> dict[str, float]:
+    """CPU seconds (user + system) of the live processes in these process groups, summed
+    by role: mlx.launch, api, ranks."""
+    out: dict[str, float] = {}
+    for role, seconds in process_cpu(groups).values():
+        out[role] = out.get(role, 0.0) + seconds
     return out
 
 
