@@ -6,9 +6,10 @@ For each rank count: start our cluster with `./launch.sh start` (NUM_DEVICES, an
 API_PORT, SOCKET_PATH and MODEL_CACHE_DIR), run the workloads, `./launch.sh stop`; then
 mlx_lm.server on the same MLX directory (directly at 1 rank, under mlx.launch with the
 ring backend on 127.0.0.1 above), the same workloads, stop it. Both get Debian's OpenBLAS
-preloaded. Workloads: 1 client x 128 tokens; 8 concurrent clients x 128 tokens; a prompt
-of about 1500 tokens (time to first token). Greedy decoding; neither server can be told
-to ignore EOS, so prompts ask for long answers and tokens are counted from `usage`.
+preloaded. Workloads: CPU with no requests (--idle seconds); 1 client x 128 tokens; 8
+concurrent clients x 128 tokens; a prompt of about 1500 tokens (time to first token).
+Greedy decoding; neither server can be told to ignore EOS, so prompts ask for long
+answers and tokens are counted from `usage`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def run_workloads(server, args: argparse.Namespace, counter, tag: str) -> dict:
     one core per process role) is recorded with each workload."""
     endpoint = server.endpoint
 
+    def cpu_since(before: dict[str, float], seconds: float) -> dict[str, float]:
+        after = group_cpu(server.process_groups())
+        return {
+            role: round((after[role] - before.get(role, 0.0)) / seconds * 100, 1) for role in after
+        }
+
     def load(label: str, prompts: list[str], concurrency: int, max_tokens: int) -> Summary:
         before = group_cpu(server.process_groups())
         load = load_average()
@@ -60,17 +67,23 @@ def run_workloads(server, args: argparse.Namespace, counter, tag: str) -> dict:
         except TimeoutError:
             failed = f"timed out after {args.workload_timeout:.0f} s"
             results = [RequestResult(error=failed, start=start) for _ in prompts]
-        seconds = time.monotonic() - start
-        after = group_cpu(server.process_groups())
         summary = summarize(label, concurrency, results)
         summary.load_average = round(load, 2)
-        summary.server_cpu = {
-            role: round((after[role] - before.get(role, 0.0)) / seconds * 100, 1) for role in after
-        }
+        summary.server_cpu = cpu_since(before, time.monotonic() - start)
         return summary
 
     load("warm-up", [essay_prompt(i, f"{tag}-warm{i}") for i in range(2)], 1, 16)
     out: dict[str, Summary] = {}
+    if args.idle:
+        before, load_before, start = (
+            group_cpu(server.process_groups()),
+            load_average(),
+            time.monotonic(),
+        )
+        time.sleep(args.idle)
+        out["idle"] = summarize(f"idle {args.idle:.0f} s", 0, [])
+        out["idle"].load_average = round(load_before, 2)
+        out["idle"].server_cpu = cpu_since(before, time.monotonic() - start)
     single = [essay_prompt(i, f"{tag}-s{i}") for i in range(args.single_requests)]
     out["single"] = load("1 client", single, 1, args.max_tokens)
     batch = [essay_prompt(i, f"{tag}-c{i}") for i in range(args.concurrency * args.rounds)]
@@ -134,6 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=1500)
     parser.add_argument("--long-trials", type=int, default=3)
     parser.add_argument("--long-max-tokens", type=int, default=16)
+    parser.add_argument("--idle", type=float, default=10.0, help="idle CPU window, seconds")
     parser.add_argument("--workload-timeout", type=float, default=420.0, help="seconds")
     parser.add_argument("--openblas-threads", default="", help="OPENBLAS_NUM_THREADS for both")
     parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")

@@ -31,6 +31,7 @@ INFO = [
     ("completion tokens, 1 client (all requests)", "single", "tokens", None),
     ("completion tokens, {c} clients (all requests)", "concurrent", "tokens", None),
     ("prompt tokens, long prompt (median)", "long", "prompt_tokens", None),
+    ("idle CPU, all processes (% of a core)", "idle", "cpu", False),
 ]
 
 
@@ -45,6 +46,7 @@ def figure(summary: Summary, name: str) -> float | None:
         "itl_p90": summary.itl_ms.p90,
         "tokens": float(summary.completion_tokens_total),
         "prompt_tokens": summary.prompt_tokens_median,
+        "cpu": sum(summary.server_cpu.values()),
     }[name]
 
 
@@ -59,9 +61,14 @@ def ratio_rows(by_server: dict[str, dict[str, Summary] | str], peer_name: str = 
     ours = ours if isinstance(ours, dict) else None  # a string says why that server failed
     peer = peer if isinstance(peer, dict) else None
     c = next((x["concurrent"].concurrency for x in (ours, peer) if x), "C")
+
+    def both(workload: str, name: str) -> tuple[float | None, float | None]:
+        return tuple(
+            figure(x[workload], name) if x and workload in x else None for x in (ours, peer)
+        )
+
     for label, workload, name, target, higher in TARGETS:
-        a = figure(ours[workload], name) if ours else None
-        b = figure(peer[workload], name) if peer else None
+        a, b = both(workload, name)
         r = ratio(a, b)
         met = None if r is None else (r >= target if higher else r <= target)
         sign = ">=" if higher else "<="
@@ -76,8 +83,7 @@ def ratio_rows(by_server: dict[str, dict[str, Summary] | str], peer_name: str = 
             }
         )
     for label, workload, name, _ in INFO:
-        a = figure(ours[workload], name) if ours else None
-        b = figure(peer[workload], name) if peer else None
+        a, b = both(workload, name)
         rows.append(
             {
                 "label": label.format(c=c),

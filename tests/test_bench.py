@@ -150,6 +150,8 @@ def test_ratio_verdicts() -> None:
     assert decode["ratio"] == pytest.approx(2.0) and decode["met"] is True
     assert aggregate["ratio"] == pytest.approx(120 / 110) and aggregate["met"] is False
     assert ttft["ratio"] == pytest.approx(0.5) and ttft["met"] is True
+    idle = rows[-1]  # a run without the idle window has no idle figure
+    assert idle["label"].startswith("idle CPU") and idle["ours"] is None and idle["ratio"] is None
     failed = ratio_rows({"ours": _summaries(20, 120, 0.5), "mlx_lm.server": "crashed"})
     assert failed[0]["peer"] is None and failed[0]["met"] is None
 
