@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import time
-from pathlib import Path
 
+from bench.idle_cost import CpuWindow
 from ipc.protocol import Done, SamplingParams, Submit
 from tests.support.cluster import Cluster
 
@@ -29,18 +28,12 @@ WOKE = re.compile(r"woke the workers at ([\d.]+)")
 WOKEN = re.compile(r"(r\d+) DEBUG woken at ([\d.]+)")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def idle_cpu(cluster: Cluster, seconds: float) -> dict[str, float]:
-    """Share of one core used by each rank and by mlx.launch while idle."""
-    pids = {f"rank {r}": p for r, p in cluster.rank_pids().items()}
-    pids["mlx.launch"] = cluster.process.pid
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    """% of one core used by each rank and by mlx.launch while idle (the cluster leads its
+    own process group)."""
+    window = CpuWindow([cluster.process.pid])
     time.sleep(seconds)
-    return {n: round((cpu_seconds(p) - before[n]) / seconds * 100, 2) for n, p in pids.items()}
+    return {name: round(share * 100, 2) for name, share in window.shares().by_process.items()}
 
 
 def run_batch(cluster: Cluster, batch: int, max_tokens: int) -> None:
