@@ -5,11 +5,12 @@
 # so the paths go unquoted into the remote shell, where `~` expands).
 
 # Environment overrides (NUM_DEVICES=3 ./launch.sh start) must reach the remote ranks
-# too, which only read their synced .env: pass each overridden setting with --env, and
-# OPENBLAS_NUM_THREADS when it is set (hosts that share cores, e.g. the namespace tests).
+# too, which only read their synced .env: pass each overridden setting with --env. So do
+# OpenBLAS's own variables (OPENBLAS_NUM_THREADS, OPENBLAS_CORETYPE, ...) set here: an SSH
+# session starts without them, and every rank should run the BLAS the same way.
 env_overrides() {
     local key
-    for key in $(cut -d= -f1 "$SETTINGS") OPENBLAS_NUM_THREADS; do
+    for key in $(cut -d= -f1 "$SETTINGS") $(compgen -e | grep '^OPENBLAS_'); do
         [[ -n "${!key+x}" ]] && printf -- '--env\n%s=%s\n' "$key" "${!key}"
     done
 }
