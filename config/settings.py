@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     @property
     def worker_host_list(self) -> list[str]:
         """WORKER_HOSTS split on commas and spaces, empty entries dropped."""
-        return [host for host in self.worker_hosts.replace(",", " ").split() if host]
+        return _split_list(self.worker_hosts)
 
     @property
     def remote_dir_list(self) -> list[str]:
