@@ -146,8 +146,8 @@ class Scheduler:
 
     def keep_warm(self) -> None:
         """Queue a one-token request of rank 0's own. After minutes of idle the machine may
-        have let the model's memory go cold (measured: the next first token took 1.75x as
-        long after 10 minutes); this keeps every rank's weights and code paths warm."""
+        let the model's memory go cold (measured: the next first token took 1.75x as long
+        after 10 minutes idle, 1.02x with this every 60 s); every rank steps it."""
         params = SamplingParams(max_tokens=1, temperature=0.0)
         self.submit(KEEP_WARM_CONN, Submit(id="keep-warm", prompt="Hello", params=params))
 

@@ -197,12 +197,7 @@ def test_start_syncs_each_worker_and_serves_across_the_hosts(cluster: RemoteClus
         assert pid in _server_processes(cluster.hosts, worker)
         assert os.readlink(f"/proc/{pid}/cwd") == str(worker.remote_dir)
 
-    answer = cluster.client().chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=16,
-        temperature=0,
-    )
+    answer = _ask_capital(cluster)
     assert "Paris" in answer.choices[0].message.content
     assert answer.usage.completion_tokens > 0
 
@@ -255,13 +250,17 @@ def test_restart_brings_the_cluster_back(cluster: RemoteCluster) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     status = cluster.launch("status")
     assert status.returncode == 0, status.stdout
-    answer = cluster.client().chat.completions.create(
+    assert "Paris" in _ask_capital(cluster).choices[0].message.content
+
+
+def _ask_capital(cluster: RemoteCluster):
+    """A greedy chat completion through the real API, asking for France's capital."""
+    return cluster.client().chat.completions.create(
         model="default",
         messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=16,
         temperature=0,
     )
-    assert "Paris" in answer.choices[0].message.content
 
 
 def _decode_ms(cluster: RemoteCluster, runs: int = 3) -> list[float]:
