@@ -26,7 +26,7 @@ import httpx
 from pydantic import BaseModel
 
 from bench.loadgen import Endpoint, essay_prompt, stream_chat
-from bench.servers import ROOT, process_cpu
+from bench.servers import ROOT, launch_groups, process_cpu
 from config import Settings
 
 
@@ -56,13 +56,8 @@ class IdleCost(BaseModel):
 
 
 def cluster_groups(root: Path) -> list[int]:
-    """Process groups that launch.sh started from ROOT (mlx.launch's and api.py's)."""
-    groups = []
-    for name in ("ranks.pid", "api.pid"):
-        path = root / "run" / name
-        text = path.read_text().strip() if path.exists() else ""
-        if text.isdigit():
-            groups.append(int(text))
+    """Process groups that launch.sh started from ROOT; RuntimeError when there are none."""
+    groups = launch_groups(root)
     if not groups:
         raise RuntimeError(f"no cluster started by launch.sh in {root} (run/*.pid missing)")
     return groups

@@ -129,6 +129,17 @@ def process_cpu(groups: list[int]) -> dict[str, tuple[str, float]]:
     return out
 
 
+def launch_groups(root: Path) -> list[int]:
+    """Process groups of the cluster launch.sh started from ROOT: mlx.launch (with the
+    ranks) and api.py each lead one, and their pids are in ROOT/run."""
+    groups = []
+    for name in ("ranks.pid", "api.pid"):
+        path = root / "run" / name
+        text = path.read_text().strip() if path.exists() else ""
+        groups += [int(text)] if text.isdigit() else []
+    return groups
+
+
 def group_cpu(groups: list[int]) -> dict[str, float]:
     """CPU seconds (user + system) of the live processes in these process groups, summed
     by role: mlx.launch, api, ranks."""
@@ -186,14 +197,7 @@ class Ours:
         wait_ready(self.endpoint, 120, lambda: True)
 
     def process_groups(self) -> list[int]:
-        """launch.sh starts mlx.launch (with the ranks) and api.py as group leaders."""
-        groups = []
-        for name in ("ranks.pid", "api.pid"):
-            text = (
-                (ROOT / "run" / name).read_text().strip() if (ROOT / "run" / name).exists() else ""
-            )
-            groups += [int(text)] if text.isdigit() else []
-        return groups
+        return launch_groups(ROOT)
 
     def stop(self) -> None:
         done = self._launch("stop", 120)
