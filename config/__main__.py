@@ -1,7 +1,17 @@
-"""`python -m config`: validate the settings and print them as KEY=VALUE (used by launch.sh)."""
+"""`python -m config`: validate the settings and print them as KEY=VALUE (used by launch.sh).
 
-from config.settings import load_settings
+Exits 2 with one `error: ...` line per bad variable.
+"""
 
-settings = load_settings()
-for key, value in settings.model_dump().items():
-    print(f"{key.upper()}={value}")
+import sys
+
+from config.settings import Settings, run_with_settings
+
+
+def show(settings: Settings) -> int:
+    for key, value in settings.as_env().items():
+        print(f"{key}={value}")
+    return 0
+
+
+sys.exit(run_with_settings(show))

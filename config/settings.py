@@ -1,18 +1,61 @@
-"""The one settings model. Environment variables override `.env`; `.env` overrides defaults."""
+"""The one settings model, parsed once into typed values.
+
+Environment variables override `.env`; `.env` overrides the defaults. Lists (WORKER_HOSTS,
+WORKER_SSH, REMOTE_DIR) and RANK_WEIGHTS are written as comma lists and held as Python
+lists; every process reads them from here and nowhere else.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 REMOTE_PATH = re.compile(r"^[~A-Za-z0-9_./-]+$")  # used unquoted in the workers' shells
+
+Parallelism = Literal["auto", "tensor", "pipeline"]
+# None: equal shares; "auto": by each rank's memory; else one positive number per rank.
+RankWeights = list[float] | Literal["auto"] | None
+CommaList = Annotated[list[str], NoDecode]
+
+
+class SettingsError(ValueError):
+    """Bad settings; `lines` holds one `error: ...` line per bad variable."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def split_list(value: object) -> object:
+    """A comma (or space) separated setting as its non-empty parts; lists pass through."""
+    if isinstance(value, str):
+        return [part for part in value.replace(",", " ").split() if part]
+    return value
+
+
+def parse_rank_weights(text: str) -> RankWeights:
+    """RANK_WEIGHTS text: '' -> None (equal), 'auto', or '2,1,1' -> [2.0, 1.0, 1.0]."""
+    text = text.strip()
+    if text == "auto":
+        return "auto"
+    if not text:
+        return None
+    try:
+        weights = [float(part) for part in text.split(",")]
+    except ValueError:
+        message = "must be empty, 'auto', or comma-separated numbers like 2,1,1"
+        raise ValueError(message) from None
+    if any(not weight > 0 for weight in weights):
+        raise ValueError("every weight must be positive, for example 2,1,1")
+    return weights
 
 
 class Settings(BaseSettings):
@@ -43,12 +86,12 @@ class Settings(BaseSettings):
 
     # Cluster
     num_devices: int = Field(default=2, ge=1, le=64)
-    worker_hosts: str = ""
-    worker_ssh: str = ""
-    remote_dir: str = "~/mlx-ring"
+    worker_hosts: CommaList = Field(default_factory=list)
+    worker_ssh: CommaList = Field(default_factory=list)
+    remote_dir: CommaList = Field(default_factory=lambda: ["~/mlx-ring"])
     distributed_backend: Literal["ring", "jaccl", "mpi", "any"] = "ring"
-    parallelism: Literal["auto", "tensor", "pipeline"] = "auto"
-    rank_weights: str = ""
+    parallelism: Parallelism = "auto"
+    rank_weights: Annotated[RankWeights, NoDecode] = None
 
     # Generation
     max_sequence_length: int = Field(default=4096, ge=16)
@@ -62,43 +105,43 @@ class Settings(BaseSettings):
     keep_warm_seconds: float = Field(default=60.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    # Debug switches
+    ring_profile_collectives: bool = Field(
+        default=False, description="time every in-forward all_sum (adds sync points)"
+    )
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_log_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("rank_weights")
+    @field_validator("worker_hosts", "worker_ssh", mode="before")
     @classmethod
-    def _check_rank_weights(cls, value: str) -> str:
-        value = value.strip()
-        if value in ("", "auto"):
-            return value
-        try:
-            weights = [float(part) for part in value.split(",")]
-        except ValueError:
-            message = "must be empty, 'auto', or comma-separated numbers like 2,1,1"
-            raise ValueError(message) from None
-        if any(weight <= 0 for weight in weights):
-            raise ValueError("every weight must be positive, for example 2,1,1")
-        return value
+    def _split(cls, value: object) -> object:
+        return split_list(value)
 
-    @field_validator("remote_dir")
+    @field_validator("rank_weights", mode="before")
     @classmethod
-    def _check_remote_dir(cls, value: str) -> str:
-        dirs = _split_list(value)
-        if not dirs:
+    def _parse_rank_weights(cls, value: object) -> object:
+        return parse_rank_weights(value) if isinstance(value, str) else value
+
+    @field_validator("remote_dir", mode="before")
+    @classmethod
+    def _check_remote_dir(cls, value: object) -> object:
+        dirs = split_list(value)
+        if not isinstance(dirs, list) or not dirs:
             raise ValueError("must name a directory, for example ~/mlx-ring")
-        bad = [d for d in dirs if not REMOTE_PATH.match(d)]
+        bad = [d for d in dirs if not REMOTE_PATH.match(str(d))]
         if bad:
             raise ValueError(
                 f"{bad[0]!r} must be a plain path (letters, digits, ~ _ . / -); give one "
                 "path for every worker or a comma list with one per worker"
             )
-        return ",".join(dirs)
+        return dirs
 
     @model_validator(mode="after")
     def _check_remote_dir_count(self) -> Settings:
-        dirs, hosts = _split_list(self.remote_dir), self.worker_host_list
+        dirs, hosts = self.remote_dir, self.worker_hosts
         if hosts and len(dirs) > 1 and len(dirs) != len(hosts):
             raise ValueError(
                 f"REMOTE_DIR has {len(dirs)} paths but WORKER_HOSTS has {len(hosts)}: give "
@@ -116,33 +159,36 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def worker_host_list(self) -> list[str]:
-        """WORKER_HOSTS split on commas and spaces, empty entries dropped."""
-        return _split_list(self.worker_hosts)
+    def remote_mode(self) -> bool:
+        return bool(self.worker_hosts)
 
     @property
-    def remote_dir_list(self) -> list[str]:
+    def remote_dirs(self) -> list[str]:
         """The project directory of each worker, in WORKER_HOSTS order."""
-        dirs, count = _split_list(self.remote_dir), len(self.worker_host_list)
+        count = len(self.worker_hosts)
+        dirs = self.remote_dir
         return dirs * count if len(dirs) == 1 else dirs[:count]  # count checked above
 
-    def parsed_rank_weights(self, world_size: int) -> list[float] | None:
-        """Explicit per-rank weights, None for equal or `auto` (resolved by the planner)."""
-        if self.rank_weights in ("", "auto"):
-            return None
-        return [float(part) for part in self.rank_weights.split(",")]
+    def as_env(self) -> dict[str, str]:
+        """KEY=value strings as .env writes them (the inverse of parsing)."""
+        return {key.upper(): _env_text(value) for key, value in self.model_dump().items()}
 
 
-def _split_list(value: str) -> list[str]:
-    """A comma (or space) separated setting as its non-empty parts."""
-    return [part for part in value.replace(",", " ").split() if part]
+def _env_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list):
+        return ",".join(f"{item:g}" if isinstance(item, float) else str(item) for item in value)
+    return str(value)
 
 
-def _describe(error: dict) -> str:
+def _describe(error: Any) -> str:
     field = str(error["loc"][0]) if error["loc"] else "settings"
     name = field.upper()
     given = error.get("input")
-    allowed = error["msg"].removeprefix("Value error, ")
+    allowed = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "literal_error":
         allowed = "one of " + error["ctx"]["expected"]
     if not error["loc"]:
@@ -150,11 +196,21 @@ def _describe(error: dict) -> str:
     return f"invalid setting {name}={given!r}: {allowed}"
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Read the settings; on a bad value print one line per problem and exit with status 2."""
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings; SettingsError with one line per bad variable."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        for error in exc.errors():
-            print(f"error: {_describe(error)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SettingsError([f"error: {_describe(error)}" for error in exc.errors()]) from None
+
+
+def run_with_settings(body: Callable[[Settings], int], *expected: type[Exception]) -> int:
+    """An entry point's body, given the settings. Bad settings print one `error:` line per
+    variable and give exit status 2; so does an `expected` error (its message, one line)."""
+    try:
+        return body(load_settings())
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+    except expected as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return 2

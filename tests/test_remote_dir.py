@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from config.settings import PROJECT_DIR, Settings
-from distributed import detect
+from launcher import detect
 from tests.test_settings import run_config
 
 
@@ -18,17 +18,17 @@ def make(**values: object) -> Settings:
 
 def test_one_path_serves_every_worker() -> None:
     settings = make(worker_hosts="10.0.5.2,10.0.5.3", remote_dir="~/mlx-ring")
-    assert settings.remote_dir_list == ["~/mlx-ring", "~/mlx-ring"]
+    assert settings.remote_dirs == ["~/mlx-ring", "~/mlx-ring"]
 
 
 def test_a_list_gives_each_worker_its_own_path_in_order() -> None:
     settings = make(worker_hosts="10.0.5.2,10.0.5.3", remote_dir="/srv/a, ~/b")
-    assert settings.remote_dir_list == ["/srv/a", "~/b"]
-    assert settings.remote_dir == "/srv/a,~/b"
+    assert settings.remote_dirs == ["/srv/a", "~/b"]
+    assert settings.remote_dir == ["/srv/a", "~/b"]
 
 
 def test_a_list_is_not_checked_in_local_mode() -> None:
-    assert make(remote_dir="/a,/b").remote_dir_list == []
+    assert make(remote_dir="/a,/b").remote_dirs == []
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_hostfile_workers_prints_rank_destination_and_directory(tmp_path) -> Non
         "WORKER_HOSTS=10.0.5.2,10.0.5.3\nWORKER_SSH=me@mac2,me@mac3\nREMOTE_DIR=/srv/a,~/b\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "distributed.hostfile", "workers"],
+        [sys.executable, "-m", "launcher.hostfile", "workers"],
         cwd=PROJECT_DIR,
         env={"PATH": "/usr/bin:/bin", "ENV_FILE": str(env_file)},
         capture_output=True,
