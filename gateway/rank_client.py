@@ -18,13 +18,19 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from gateway.availability import Availability, availability, from_rank_state
 from ipc.framing import FrameError, encode_frame, read_frame
 from ipc.protocol import (
     PROTOCOL_VERSION,
     SERVER_MESSAGE,
     Cancel,
+    Delta,
+    Done,
     Error,
     Hello,
+    RankState,
+    ServerMessage,
+    Started,
     Status,
     StatusRequest,
     Submit,
@@ -43,6 +49,10 @@ class ConnectionLost:
     """Put on a request's queue when the connection to rank 0 ends before its Done."""
 
     reason: str
+
+
+# What a request's queue carries: rank 0's messages for it, or the end of the connection.
+RequestEvent = Started | Delta | Done | Error | ConnectionLost
 
 
 class RanksUnavailable(Exception):
@@ -65,10 +75,10 @@ class RankClient:
         self.stale_after = stale_after
         self._writer: asyncio.StreamWriter | None = None
         self._write_lock = asyncio.Lock()
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, asyncio.Queue[RequestEvent]] = {}
         self._status_waiters: list[asyncio.Future[Status]] = []
-        self._task: asyncio.Task | None = None
-        self._background: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.status: Status | None = None
         self.status_at = 0.0
         self.model_id: str | None = None
@@ -94,37 +104,33 @@ class RankClient:
     def connected(self) -> bool:
         return self._writer is not None
 
-    def unavailable_reason(self) -> tuple[str, int] | None:
-        """Why a new request cannot be served now (message, retry-after), or None."""
+    def availability(self) -> Availability:
+        """The cluster's state as the API sees it (gateway.availability's table)."""
         if not self.connected:
-            return self.down_reason, 2
-        if self.status is None:
-            return "connected to rank 0; waiting for its first status report", 1
-        if self.status.state == "loading":
-            return f"the ranks are loading the model {self.status.model_id}", 5
-        if self.status.state != "ready":
-            return f"the ranks are {self.status.state}", 5
-        return None
-
-    def health(self) -> tuple[str, str]:
-        """(state, reason) for /health: state is ready, loading, stopping, stale or down."""
-        problem = self.unavailable_reason()
-        if problem is not None:
-            state = self.status.state if self.connected and self.status else "down"
-            return state, problem[0]
+            return availability("down", self.down_reason)
+        status = self.status
+        if status is None:
+            return availability("connecting", "connected to rank 0; waiting for its first status")
+        if status.state == RankState.LOADING:
+            model = status.model_id or "the default model"
+            return availability("loading", f"the ranks are loading the model {model}")
+        if status.state != RankState.READY:
+            why = f": {status.reason}" if status.reason else ""
+            return from_rank_state(status.state, f"the ranks are {status.state}{why}")
         age = time.monotonic() - self.status_at
         if age > self.stale_after:
-            return "stale", f"rank 0 has not answered a status request for {age:.0f} s"
-        return "ready", "the ranks are serving"
+            reason = f"rank 0 has not answered a status request for {age:.0f} s"
+            return availability("stale", reason)
+        return availability("ready", "the ranks are serving")
 
     # ---- requests --------------------------------------------------------------------
 
-    async def submit(self, request: Submit) -> asyncio.Queue:
+    async def submit(self, request: Submit) -> asyncio.Queue[RequestEvent]:
         """Send a request to rank 0; its Started/Delta/Done/Error arrive on the queue."""
-        problem = self.unavailable_reason()
-        if problem is not None:
-            raise RanksUnavailable(*problem)
-        queue: asyncio.Queue = asyncio.Queue()
+        now = self.availability()
+        if not now.takes_requests:
+            raise RanksUnavailable(now.reason, now.retry_after or 2)
+        queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
         self._streams[request.id] = queue
         try:
             await self._send(request)
@@ -226,7 +232,7 @@ class RankClient:
         finally:
             self._drop_connection(self.down_reason, writer)
 
-    async def _read(self, reader: asyncio.StreamReader) -> BaseModel | None:
+    async def _read(self, reader: asyncio.StreamReader) -> ServerMessage | None:
         body = await read_frame(reader)
         if body is None:
             return None
@@ -246,7 +252,7 @@ class RankClient:
                 return "rank 0 closed the socket (the ranks stopped)"
             self._dispatch(message)
 
-    def _dispatch(self, message: BaseModel) -> None:
+    def _dispatch(self, message: ServerMessage) -> None:
         if isinstance(message, Status):
             self.status = message
             self.status_at = time.monotonic()
@@ -256,17 +262,18 @@ class RankClient:
                     waiter.set_result(message)
             self._status_waiters.clear()
             return
-        request_id = getattr(message, "id", None)
-        if request_id is None:
-            if isinstance(message, Error):
-                log.warning("rank 0 connection error %s: %s", message.code, message.message)
+        if isinstance(message, Welcome):
             return
-        queue = self._streams.get(request_id)
+        if message.id is None:
+            assert isinstance(message, Error)
+            log.warning("rank 0 connection error %s: %s", message.code, message.message)
+            return
+        queue = self._streams.get(message.id)
         if queue is None:
             return  # a request we already gave up on
         queue.put_nowait(message)
         if message.type in ("done", "error"):
-            self._streams.pop(request_id, None)
+            self._streams.pop(message.id, None)
 
     async def _poll_status(self) -> None:
         while True:

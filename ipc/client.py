@@ -21,6 +21,7 @@ from ipc.protocol import (
     SERVER_MESSAGE,
     Error,
     Hello,
+    ServerMessage,
     Shutdown,
     Status,
     StatusRequest,
@@ -58,7 +59,7 @@ class RankClient:
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def recv(self):
+    def recv(self) -> ServerMessage | None:
         """The next server message; None when rank 0 closed the connection."""
         body = recv_frame(self.sock)
         return None if body is None else SERVER_MESSAGE.validate_json(body)
@@ -103,12 +104,6 @@ def wait_ready(path: str | Path, timeout: float) -> Status:
     raise ClientError(f"rank 0 not ready after {timeout:.0f} s: {problem}")
 
 
-def _default_socket() -> Path:
-    from config import load_settings
-
-    return load_settings().socket_path
-
-
 def main(argv: list[str] | None = None) -> int:
     description = "Talk to rank 0 over its Unix socket."
     parser = argparse.ArgumentParser(prog="python -m ipc.client", description=description)
@@ -116,7 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, default=None, help="default: SOCKET_PATH")
     parser.add_argument("--timeout", type=float, default=60.0, help="wait-ready deadline (s)")
     args = parser.parse_args(argv)
-    path = args.socket or _default_socket()
+    if args.socket is None:
+        from config import SettingsError, load_settings
+
+        try:
+            args.socket = load_settings().socket_path
+        except SettingsError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+    path = args.socket
     try:
         if args.command == "status":
             print(get_status(path).model_dump_json(indent=2))

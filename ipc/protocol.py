@@ -13,7 +13,8 @@ cancels every request it submitted.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -56,25 +57,43 @@ class ChatMessage(BaseModel):
 
 
 class TopLogprob(BaseModel):
+    """One alternative token: its text, log-probability and raw bytes (OpenAI's fields)."""
+
     token: str
     logprob: float
-    bytes: list[int] | None = None
+    bytes: list[int]
 
 
-class TokenLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
+class TokenLogprob(TopLogprob):
+    """The sampled token and the most likely alternatives (OpenAI's `logprobs.content`)."""
+
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class Usage(BaseModel):
+    """Token counts of one request (OpenAI's field names)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
+# Why a request ended: EOS or a stop string, max_tokens, or cancelled at rank 0.
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class RankState(StrEnum):
+    """Rank 0's state. The gateway maps each to an HTTP status and Retry-After."""
+
+    LOADING = "loading"  # resolving, planning or loading the model
+    READY = "ready"  # serving requests
+    STOPPING = "stopping"  # a shutdown was asked for; no new requests
+    FAILED = "failed"  # cannot serve; Status.reason says why
+
+
 class Timings(BaseModel):
+    """Measured by rank 0 for one request."""
+
     time_to_first_token_s: float
     prompt_tokens_per_second: float
     generation_tokens_per_second: float
@@ -145,7 +164,7 @@ class Delta(_Message):
 class Done(_Message):
     type: Literal["done"] = "done"
     id: str
-    finish_reason: Literal["stop", "length", "cancelled"]
+    finish_reason: FinishReason
     usage: Usage
     timings: Timings
 
@@ -183,12 +202,13 @@ class Status(_Message):
     """Rank 0's view of the cluster, for /health, /model/info and /cluster/status."""
 
     type: Literal["status"] = "status"
-    state: Literal["loading", "ready", "stopping"]
+    state: RankState
+    reason: str = ""
     model_id: str
-    model_info: dict = Field(default_factory=dict)
+    model_info: dict[str, Any] = Field(default_factory=dict)
     backend: str = ""
     world_size: int = 1
-    plan: dict = Field(default_factory=dict)
+    plan: dict[str, Any] = Field(default_factory=dict)
     ranks: list[RankStatus] = Field(default_factory=list)
     active_requests: int = 0
     queued_requests: int = 0

@@ -15,10 +15,9 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,8 +26,11 @@ from ipc.protocol import (
     CLIENT_MESSAGE,
     PROTOCOL_VERSION,
     Cancel,
+    ClientMessage,
     Error,
+    ErrorCode,
     Hello,
+    RankState,
     Shutdown,
     Status,
     StatusRequest,
@@ -37,6 +39,14 @@ from ipc.protocol import (
 )
 
 log = logging.getLogger("ring.socket")
+
+
+class Reporter(Protocol):
+    """Who answers status: rank 0 while booting, then its leader."""
+
+    state: RankState
+
+    def status(self) -> Status: ...
 
 
 @dataclass
@@ -51,19 +61,10 @@ class Event:
 class SocketServer:
     """Serves SOCKET_PATH (mode 0600); many requests per connection, keyed by id."""
 
-    def __init__(
-        self,
-        path: Path,
-        events: queue.Queue[Event],
-        status: Callable[[], Status],
-        model_id: Callable[[], str],
-    ) -> None:
+    def __init__(self, path: Path, events: queue.Queue[Event], reporter: Reporter) -> None:
         self.path = Path(path)
         self.events = events
-        self.status = status
-        self.model_id = model_id
-        self.accepting = False  # set once the model is loaded
-        self.stopping = False
+        self.reporter = reporter  # replaced by the leader once the model is loaded
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._loop = asyncio.new_event_loop()
@@ -140,13 +141,15 @@ class SocketServer:
                 self.events.put(Event("closed", conn))
             writer.close()
 
-    async def _reject(self, writer: asyncio.StreamWriter, code: str, message: str) -> None:
+    async def _reject(self, writer: asyncio.StreamWriter, code: ErrorCode, message: str) -> None:
         log.warning("closing a client connection: %s", message)
         writer.write(encode_frame(Error(code=code, message=message)))
         with contextlib.suppress(ConnectionError, OSError):
             await writer.drain()
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    async def _read(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> ClientMessage | Literal[False] | None:
         """The next message, None at end of stream, False after a rejected frame."""
         try:
             body = await read_frame(reader)
@@ -162,7 +165,9 @@ class SocketServer:
             await self._reject(writer, "bad_frame", message)
         return False
 
-    async def _handshake(self, conn: int, reader, writer) -> bool:
+    async def _handshake(
+        self, conn: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         message = await self._read(reader, writer)
         if not message:
             return False
@@ -176,27 +181,25 @@ class SocketServer:
             )
             await self._reject(writer, "protocol_version", text)
             return False
-        welcome = Welcome(protocol_version=PROTOCOL_VERSION, model_id=self.model_id())
+        model_id = self.reporter.status().model_id
+        welcome = Welcome(protocol_version=PROTOCOL_VERSION, model_id=model_id)
         writer.write(encode_frame(welcome))
         await writer.drain()
         return True
 
-    async def _loop_frames(self, conn: int, reader, writer) -> None:
+    async def _loop_frames(
+        self, conn: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             message = await self._read(reader, writer)
             if not message:
                 return
             if isinstance(message, StatusRequest):
-                writer.write(encode_frame(self.status()))
+                writer.write(encode_frame(self.reporter.status()))
             elif isinstance(message, Submit):
-                if self.stopping or not self.accepting:
-                    code = "shutting_down" if self.stopping else "loading"
-                    text = (
-                        "the server is shutting down"
-                        if self.stopping
-                        else ("the model is still loading; retry when status says ready")
-                    )
-                    writer.write(encode_frame(Error(id=message.id, code=code, message=text)))
+                refusal = _refusal(self.reporter.state, message.id)
+                if refusal is not None:
+                    writer.write(encode_frame(refusal))
                 else:
                     self.events.put(Event("submit", conn, message))
             elif isinstance(message, Cancel):
@@ -207,3 +210,13 @@ class SocketServer:
                 await self._reject(writer, "bad_frame", "hello was already received")
                 return
             await writer.drain()
+
+
+def _refusal(state: RankState, request_id: str) -> Error | None:
+    """The error for a submit rank 0 cannot take in `state`, or None when it can."""
+    if state == RankState.READY:
+        return None
+    if state == RankState.LOADING:
+        text = "the model is still loading; retry when status says ready"
+        return Error(id=request_id, code="loading", message=text)
+    return Error(id=request_id, code="shutting_down", message=f"the server is {state}")

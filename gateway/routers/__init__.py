@@ -1,1 +1,1 @@
-"""HTTP routes, one module per area."""
+"""Service routes (health, cluster info, metrics), one module per area."""

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request
 
 from gateway.auth import require_api_key
 from gateway.errors import unavailable
 from gateway.model_facts import model_facts
-from gateway.schemas import error_responses
+from gateway.openai.protocol import error_responses
 
 router = APIRouter(tags=["cluster"], dependencies=[Depends(require_api_key)])
 
 
 @router.get("/model/info", responses=error_responses(401, 503))
-async def model_info(request: Request) -> dict:
+async def model_info(request: Request) -> dict[str, Any]:
     """The served model: id, architecture, parameters, quantization, context, ranks, plan."""
     client = request.app.state.rank_client
     status = await client.fetch_status()
     if status is None:
-        reason, retry = client.unavailable_reason() or ("no status from rank 0 yet", 2)
-        raise unavailable(f"The model is not known yet: {reason}.", retry)
+        now = client.availability()
+        raise unavailable(f"The model is not known yet: {now.reason}.", now.retry_after or 2)
     info = status.model_info
     facts = model_facts(str(info["path"])) if info.get("path") else {}
     return {
@@ -39,7 +41,7 @@ async def model_info(request: Request) -> dict:
 
 
 @router.get("/cluster/status", responses=error_responses(401))
-async def cluster_status(request: Request) -> dict:
+async def cluster_status(request: Request) -> dict[str, Any]:
     """Hosts, ranks (share, memory), backend, last step time, active requests.
 
     Answers 200 even when the ranks are down: `state` and `reason` say so, and `ranks`
@@ -47,10 +49,10 @@ async def cluster_status(request: Request) -> dict:
     """
     client = request.app.state.rank_client
     status = await client.fetch_status()
-    state, reason = client.health()
-    body: dict = {
-        "state": state,
-        "reason": reason,
+    now = client.availability()
+    body: dict[str, Any] = {
+        "state": now.state,
+        "reason": now.reason,
         "rank0_connected": client.connected,
         "socket_path": str(client.socket_path),
         "api_in_flight_requests": client.in_flight,

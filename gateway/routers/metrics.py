@@ -60,7 +60,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus exposition of the API's counters and the last rank status."""
     state = request.app.state
     status = state.rank_client.status
-    state.metrics.ranks_up.set(1 if state.rank_client.health()[0] == "ready" else 0)
+    state.metrics.ranks_up.set(1 if state.rank_client.availability().state == "ready" else 0)
     if status is not None:
         state.metrics.batch_size.set(status.active_requests)
         state.metrics.queued.set(status.queued_requests)

@@ -1,0 +1,246 @@
+"""Rank 0: socket events -> scheduler -> one step plan per step -> every rank; results -> messages.
+
+`Booting` answers status while the model loads; `Leader` is built only once the model,
+tokenizer, scheduler and batch engine exist, so none of its fields is ever missing.
+Rank 0 alone decides each step and broadcasts it; idle ranks sleep on the wake channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+
+from config import Settings
+from distributed.broadcast import Broadcaster
+from distributed.group import RankIdentity
+from distributed.loader import ModelInfo
+from distributed.profile import CollectiveProfiler
+from distributed.wake import WakeSender
+from engine.batch_engine import BatchEngine
+from engine.scheduler import Scheduler
+from engine.step_plan import StepPlan
+from ipc.protocol import RankState, RankStatus, Status
+from ipc.server import Event, SocketServer
+
+EXIT_PEER_GONE = 5
+log = logging.getLogger("ring")
+# What status reports of the model config (the rest is in /model/info's facts).
+CONFIG_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+
+
+def die(code: int, message: str, level: int = logging.ERROR) -> None:
+    """Log one line and end the process now (threads blocked in MLX cannot be joined)."""
+    log.log(level, message)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(code)
+
+
+@dataclass
+class Booting:
+    """Rank 0 before its model is loaded: status says loading, submits are refused."""
+
+    settings: Settings
+    ident: RankIdentity
+    started: float = field(default_factory=time.monotonic)
+    state: RankState = RankState.LOADING
+
+    def status(self) -> Status:
+        model = self.settings.model or "the default model"
+        return Status(
+            state=self.state,
+            reason=f"loading {model} on {self.ident.world_size} rank(s)",
+            model_id=self.settings.model,
+            backend=self.ident.backend,
+            world_size=self.ident.world_size,
+            max_batch_size=self.settings.max_batch_size,
+            max_sequence_length=self.settings.max_sequence_length,
+            uptime_s=time.monotonic() - self.started,
+        )
+
+
+@dataclass(kw_only=True, eq=False)
+class Leader:
+    """Rank 0 once the model is loaded: runs the step loop until told to stop."""
+
+    settings: Settings
+    ident: RankIdentity
+    socket: SocketServer
+    events: queue.Queue[Event]
+    info: ModelInfo
+    ranks: list[RankStatus]
+    scheduler: Scheduler
+    engine: BatchEngine
+    broadcaster: Broadcaster
+    wake: WakeSender | None
+    profiler: CollectiveProfiler | None
+    started: float
+    state: RankState = RankState.READY
+    last_step_ms: float | None = None  # None until the first step ran
+    last_work: float = field(default_factory=time.monotonic)  # the last step (keep-warm timer)
+    sleeping: bool = True  # the workers wait on the wake channel
+
+    # ---- reports -----------------------------------------------------------------
+
+    def status(self) -> Status:
+        """Snapshot for the socket thread (reads plain attributes only)."""
+        config = self.info.config
+        return Status(
+            state=self.state,
+            reason="serving" if self.state == RankState.READY else "a shutdown was requested",
+            model_id=self.info.model_id,
+            model_info={k: config[k] for k in CONFIG_KEYS if k in config}
+            | {"path": str(self.info.path)},
+            backend=self.ident.backend,
+            world_size=self.ident.world_size,
+            plan=self.info.plan.model_dump(mode="json"),
+            ranks=self.ranks,
+            active_requests=self.engine.size,
+            queued_requests=len(self.scheduler.queue),
+            max_batch_size=self.settings.max_batch_size,
+            last_step_ms=self.last_step_ms,
+            max_sequence_length=self.settings.max_sequence_length,
+            uptime_s=time.monotonic() - self.started,
+        )
+
+    def rank_lost(self, rank: int) -> None:
+        """A worker closed its wake channel: it exited, so the job cannot go on."""
+        if self.state != RankState.STOPPING:
+            die(EXIT_PEER_GONE, f"rank {rank} exited (its wake channel closed); stopping")
+
+    # ---- events ------------------------------------------------------------------
+
+    def _handle(self, event: Event) -> None:
+        if event.kind == "submit":
+            self.scheduler.submit(event.conn, event.message)
+        elif event.kind == "cancel":
+            self.scheduler.cancel(event.conn, event.message.id)
+        elif event.kind == "closed":
+            self.scheduler.connection_closed(event.conn)
+        elif event.kind == "shutdown":
+            if self.state != RankState.STOPPING:
+                log.info("shutdown requested; stopping every rank")
+            self.state = RankState.STOPPING
+
+    def _flush(self) -> None:
+        if self.scheduler.outbox:
+            self.socket.send(self.scheduler.outbox)
+            self.scheduler.outbox = []
+
+    def _wake_workers(self) -> None:
+        if self.sleeping and self.wake is not None:
+            try:
+                woke_at = time.time()
+                self.wake.wake()
+                log.debug("woke the workers at %.6f", woke_at)
+            except OSError as exc:
+                die(EXIT_PEER_GONE, f"a worker rank is gone (wake channel: {exc})")
+        self.sleeping = False
+
+    def _send(self, plan: StepPlan) -> None:
+        self._wake_workers()
+        self.sleeping = plan.sleep or plan.stop
+        self.broadcaster.broadcast(plan.encode())
+        if not plan.stop:
+            self.engine.apply(plan)
+
+    # ---- the step loop -----------------------------------------------------------
+
+    def run(self) -> None:
+        scheduler, engine, events = self.scheduler, self.engine, self.events
+        while True:
+            if not scheduler.has_work(engine) and self.state != RankState.STOPPING:
+                if not self.sleeping:
+                    self._send(scheduler.idle_plan(engine))
+                    engine.advance_idle()
+                try:
+                    event = events.get(timeout=self._keep_warm_wait())
+                except queue.Empty:
+                    scheduler.keep_warm()
+                    continue
+                if event.kind == "submit":
+                    self._wake_workers()  # their wake-up overlaps with tokenizing the prompt
+                self._handle(event)
+            while True:
+                try:
+                    self._handle(events.get_nowait())
+                except queue.Empty:
+                    break
+            if self.state == RankState.STOPPING:
+                scheduler.cancel_all()
+                self._flush()
+                self._send(scheduler.idle_plan(engine, stop=True))
+                return
+            self._flush()
+            if scheduler.has_work(engine):
+                self._step()
+
+    def _step(self) -> None:
+        scheduler, engine = self.scheduler, self.engine
+        started = time.perf_counter()
+        before = (self.broadcaster.collective_seconds, self._forward_collectives())
+        plan = scheduler.build_plan(engine)
+        if not plan.inserts and engine.size == len(set(plan.removes)):
+            plan.sleep = True
+        self._send(plan)
+        if plan.sleep:
+            engine.advance_idle()
+            return
+        planned = time.perf_counter()
+        result = engine.run()
+        computed = time.perf_counter()
+        self.last_work = time.monotonic()
+        scheduler.on_result(result)
+        self._flush()
+        done = time.perf_counter()
+        self.last_step_ms = (done - started) * 1000
+        if log.isEnabledFor(logging.DEBUG):
+            after = (self.broadcaster.collective_seconds, self._forward_collectives())
+            times = (started, planned, computed, done)
+            self._log_step(plan, result.prefill_tokens, times, before, after)
+
+    def _keep_warm_wait(self) -> float | None:
+        """Seconds until the next keep-warm request (None: never); counted from the last
+        step, so events that make no work (a status check's closed connection) don't
+        postpone it."""
+        if not self.settings.keep_warm_seconds:
+            return None
+        return max(0.0, self.last_work + self.settings.keep_warm_seconds - time.monotonic())
+
+    def _forward_collectives(self) -> tuple[float, int]:
+        profiler = self.profiler
+        return (profiler.seconds, profiler.count) if profiler else (0.0, 0)
+
+    def _log_step(
+        self,
+        plan: StepPlan,
+        prefill: int,
+        times: tuple[float, float, float, float],
+        before: tuple[float, tuple[float, int]],
+        after: tuple[float, tuple[float, int]],
+    ) -> None:
+        started, planned, computed, done = times
+        log.debug(
+            "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
+            "%.2f (all_sum %.2f) + forward %.2f (all_sum %.2f in %d) + sample/stream %.2f",
+            plan.step,
+            len(plan.tokens),
+            prefill,
+            (done - started) * 1000,
+            (planned - started) * 1000,
+            (after[0] - before[0]) * 1000,
+            (computed - planned) * 1000,
+            (after[1][0] - before[1][0]) * 1000,
+            after[1][1] - before[1][1],
+            (done - computed) * 1000,
+        )
