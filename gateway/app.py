@@ -11,8 +11,9 @@ from fastapi import FastAPI
 from config.settings import Settings
 from gateway.errors import install_error_handlers
 from gateway.middleware import AccessLog, BodyLimit
+from gateway.openai import chat, completions, models
 from gateway.rank_client import RankClient
-from gateway.routers import chat, completions, health, info, metrics, models
+from gateway.routers import health, info, metrics
 
 
 def create_app(settings: Settings) -> FastAPI:

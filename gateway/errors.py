@@ -74,7 +74,7 @@ def unavailable(message: str, retry_after: int = 2) -> APIError:
     )
 
 
-def _param(loc: tuple) -> str | None:
+def _param(loc: tuple[Any, ...]) -> str | None:
     parts = [
         str(part)
         for part in loc
@@ -83,7 +83,7 @@ def _param(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
-def validation_error(errors: list[dict]) -> APIError:
+def validation_error(errors: list[dict[str, Any]]) -> APIError:
     """Turn pydantic/FastAPI validation errors into one 400 that names the field."""
     if not errors:
         return APIError(400, "The request body is invalid.")

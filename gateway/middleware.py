@@ -8,6 +8,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import APIError
+from gateway.routers.metrics import Metrics
 
 log = logging.getLogger("ring.api")
 
@@ -67,7 +68,7 @@ def _replay(first: Message, receive: Receive) -> Receive:
 class AccessLog:
     """One line per finished request and the api_requests counter."""
 
-    def __init__(self, app: ASGIApp, metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
 

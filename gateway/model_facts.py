@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _headers(directory: Path) -> dict[str, dict]:
-    tensors: dict[str, dict] = {}
+def _headers(directory: Path) -> dict[str, dict[str, Any]]:
+    tensors: dict[str, dict[str, Any]] = {}
     for path in sorted(directory.glob("*.safetensors")):
         with path.open("rb") as handle:
             (size,) = struct.unpack("<Q", handle.read(8))
@@ -22,7 +22,7 @@ def _headers(directory: Path) -> dict[str, dict]:
     return tensors
 
 
-def _count_parameters(tensors: dict[str, dict], bits: int | None) -> int:
+def _count_parameters(tensors: dict[str, dict[str, Any]], bits: int | None) -> int:
     total = 0
     for name, entry in tensors.items():
         numel = math.prod(entry.get("shape") or [1])
@@ -55,7 +55,7 @@ def model_facts(directory: str) -> dict[str, Any]:
         "parameters": _count_parameters(tensors, bits) if tensors else None,
         "quantization": (
             {"bits": bits, "group_size": quant.get("group_size")}
-            if bits
+            if bits and isinstance(quant, dict)
             else {"bits": None, "dtype": ",".join(dtypes) or None}
         ),
     }

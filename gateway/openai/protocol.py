@@ -1,10 +1,25 @@
-"""OpenAI wire formats: request bodies, responses, streaming chunks, model lists, errors."""
+"""OpenAI wire formats: request bodies, responses, streaming chunks, model lists, errors.
+
+Request types convert themselves into what rank 0 takes (`to_submit`); usage and logprobs
+are rank 0's own types (ipc.protocol), and Performance wraps its Timings.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.core import Limits
+from ipc.protocol import (
+    ChatMessage,
+    Done,
+    SamplingParams,
+    Submit,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
 
 _INT64 = 2**63
 
@@ -95,6 +110,25 @@ class _Sampling(_Request):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def sampling_params(self, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
+        """Rank 0's parameters; `top_logprobs` None means no logprobs."""
+        defaults = SamplingParams(max_tokens=1)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=self.top_p or defaults.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            # The ranks seed numpy, which takes non-negative ints: map int64 one-to-one.
+            seed=None if self.seed is None else self.seed % 2**64,
+            stop=self.stop_list(),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            logprobs=top_logprobs is not None,
+            top_logprobs=top_logprobs or 0,
+        )
+
 
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
@@ -109,6 +143,16 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
+
+    def to_submit(self, request_id: str, limits: Limits) -> Submit:
+        max_tokens = limits.max_tokens(self.max_completion_tokens or self.max_tokens)
+        top = (self.top_logprobs or 0) if self.logprobs else None
+        messages = [
+            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+            for m in self.messages
+        ]
+        params = self.sampling_params(max_tokens, top)
+        return Submit(id=request_id, messages=messages, params=params)
 
 
 class CompletionRequest(_Sampling):
@@ -138,38 +182,35 @@ class CompletionRequest(_Sampling):
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
+    def to_submit(self, request_id: str, limits: Limits) -> Submit:
+        params = self.sampling_params(limits.max_tokens(self.max_tokens), self.logprobs)
+        return Submit(id=request_id, prompt=self.prompt_text(), params=params)
+
 
 # ---- responses -----------------------------------------------------------------------
 
 
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
 class Performance(BaseModel):
-    """Measured by rank 0 for this request; times in seconds."""
+    """Rank 0's Timings of this request as the responses show them; times in seconds."""
 
     time_to_first_token: float = Field(description="seconds from arrival to first token")
     prompt_tokens_per_second: float
     generation_tokens_per_second: float
     total_time: float = Field(description="seconds from arrival to the last token")
 
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ContentLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+    @classmethod
+    def of(cls, timings: Timings) -> Performance:
+        return cls(
+            time_to_first_token=round(timings.time_to_first_token_s, 6),
+            prompt_tokens_per_second=round(timings.prompt_tokens_per_second, 3),
+            generation_tokens_per_second=round(timings.generation_tokens_per_second, 3),
+            total_time=round(timings.total_time_s, 6),
+        )
 
 
 class ChoiceLogprobs(BaseModel):
-    content: list[ContentLogprob] | None = None
-    refusal: list[ContentLogprob] | None = None
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -179,7 +220,15 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-FinishReason = Literal["stop", "length"]
+# What a choice reports: rank 0's reasons, less "cancelled" (a cancelled request gets an error).
+ChoiceFinishReason = Literal["stop", "length"]
+
+
+def choice_finish_reason(done: Done) -> ChoiceFinishReason:
+    """Rank 0's reason as a choice shows it (core.Generation turns "cancelled" into an error)."""
+    if done.finish_reason == "cancelled":
+        raise ValueError("a cancelled request has no choice")
+    return done.finish_reason
 
 
 class AssistantMessage(BaseModel):
@@ -192,17 +241,27 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason
+    finish_reason: ChoiceFinishReason
 
 
-class ChatCompletion(BaseModel):
+class ResponseHead(BaseModel):
+    """What every completion response and chunk of one request repeats."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+    system_fingerprint: str
+
+
+class _Response(ResponseHead):
+    usage: Usage | None = None
+    performance: Performance | None = None
+
+
+class ChatCompletion(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
-    system_fingerprint: str
     performance: Performance
 
 
@@ -215,38 +274,26 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChunkDelta
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: ChoiceFinishReason | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    performance: Performance | None = None
 
 
 class TextChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: ChoiceFinishReason | None = None
 
 
-class TextCompletion(BaseModel):
+class TextCompletion(_Response):
     """A text completion, and (with finish_reason null) a streaming chunk of one."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    system_fingerprint: str
     choices: list[TextChoice]
-    usage: Usage | None = None
-    performance: Performance | None = None
 
 
 class ModelCard(BaseModel):

@@ -1,8 +1,8 @@
-"""One generation's life at rank 0, shared by the chat and text completion routes.
+"""The generation core every API surface shares: which model is served, the token limits,
+and one request's life at rank 0 (submit, a stream of typed events, or all of it collected).
 
-`prepare` checks the model name and builds the sampling parameters; `Generation`
-submits, waits for Started, yields Delta and Done, and cancels the request at rank 0
-when the client goes away, the deadline passes or the caller stops reading.
+Adapters (gateway/openai/, later others) only translate their wire format to a Submit and
+the events back; nothing here knows any API's shapes except the error type.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
+from gateway import sse
 from gateway.errors import APIError, unavailable
-from gateway.rank_client import ConnectionLost, RanksUnavailable
-from gateway.schemas import Performance, _Sampling
-from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit, Timings
+from gateway.rank_client import ConnectionLost, RankClient, RanksUnavailable, RequestEvent
+from ipc.protocol import Delta, Done, Error, Started, Submit, TokenLogprob
 
 log = logging.getLogger("ring.api")
 
@@ -36,12 +38,12 @@ def model_aliases(model_id: str) -> set[str]:
     return {alias.casefold() for alias in names if alias}
 
 
-def served_model(state: Any, requested: str) -> str:
+def served_model(client: RankClient, requested: str) -> str:
     """The served model id for `requested`; 404 model_not_found or 503 when unknown."""
-    model_id = state.rank_client.model_id
+    model_id = client.model_id
     if model_id is None:
-        reason, retry = state.rank_client.unavailable_reason() or ("no model is loaded", 2)
-        raise unavailable(f"The ranks are not available: {reason}.", retry)
+        now = client.availability()
+        raise unavailable(f"The ranks are not available: {now.reason}.", now.retry_after or 2)
     if requested.casefold() not in model_aliases(model_id):
         raise APIError(
             404,
@@ -53,60 +55,46 @@ def served_model(state: Any, requested: str) -> str:
     return model_id
 
 
-def sampling_params(
-    state: Any, body: _Sampling, max_tokens: int | None, logprobs: bool, top_logprobs: int
-) -> SamplingParams:
-    """Validated protocol parameters; 400 for what pydantic cannot see alone."""
-    settings = state.settings
-    status = state.rank_client.status
-    context = (status.max_sequence_length if status else 0) or settings.max_sequence_length
-    tokens = max_tokens or min(settings.default_max_tokens, context - 1)
-    if tokens >= context:
-        raise APIError(
-            400,
-            f"max_tokens={tokens} does not fit the model's context of {context} tokens; "
-            f"ask for fewer than {context} tokens, minus the prompt.",
-            param="max_tokens",
-            code="context_length_exceeded",
+@dataclass(frozen=True)
+class Limits:
+    """Token limits a request is checked against before it is sent."""
+
+    context: int  # MAX_SEQUENCE_LENGTH as rank 0 reports it
+    default_max_tokens: int
+
+    @classmethod
+    def of(cls, state: Any) -> Limits:
+        status = state.rank_client.status
+        context = (status.max_sequence_length if status else 0) or (
+            state.settings.max_sequence_length
         )
-    defaults = SamplingParams(max_tokens=1)
-    return SamplingParams(
-        max_tokens=tokens,
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=body.top_p or defaults.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        # The ranks seed numpy, which takes non-negative ints: map int64 one-to-one.
-        seed=None if body.seed is None else body.seed % 2**64,
-        stop=body.stop_list(),
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=body.repetition_penalty or 1.0,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs if logprobs else 0,
-    )
+        return cls(context, state.settings.default_max_tokens)
+
+    def max_tokens(self, requested: int | None) -> int:
+        """The answer's token budget; 400 when it cannot fit the context."""
+        tokens = requested or min(self.default_max_tokens, self.context - 1)
+        if tokens >= self.context:
+            raise APIError(
+                400,
+                f"max_tokens={tokens} does not fit the model's context of {self.context} "
+                f"tokens; ask for fewer than {self.context} tokens, minus the prompt.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return tokens
 
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def system_fingerprint(state: Any) -> str:
+def system_fingerprint(client: RankClient) -> str:
     """Changes when the model, backend or split changes."""
-    status = state.rank_client.status
-    parts = [state.rank_client.model_id or ""]
+    status = client.status
+    parts = [client.model_id or ""]
     if status is not None:
         parts += [status.backend, str(status.world_size), json.dumps(status.plan, sort_keys=True)]
     return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
-
-
-def performance(timings: Timings) -> Performance:
-    return Performance(
-        time_to_first_token=round(timings.time_to_first_token_s, 6),
-        prompt_tokens_per_second=round(timings.prompt_tokens_per_second, 3),
-        generation_tokens_per_second=round(timings.generation_tokens_per_second, 3),
-        total_time=round(timings.total_time_s, 6),
-    )
 
 
 def rank_error(error: Error, prompt_param: str) -> APIError:
@@ -122,21 +110,30 @@ def rank_error(error: Error, prompt_param: str) -> APIError:
     )
 
 
+@dataclass
+class Collected:
+    """A whole generation: its text, per-token logprobs (when asked for) and Done."""
+
+    text: str
+    done: Done
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
 class Generation:
     """Submit one request to rank 0 and follow it to the end."""
 
     def __init__(self, request: Request, submit: Submit, prompt_param: str) -> None:
         state = request.app.state
         self.request = request
-        self.client = state.rank_client
+        self.client: RankClient = state.rank_client
         self.metrics = state.metrics
         self.submit = submit
         self.prompt_param = prompt_param
         self.deadline = time.monotonic() + state.settings.request_timeout_seconds
         self.timeout = state.settings.request_timeout_seconds
         self.finished = False
-        self._queue: asyncio.Queue | None = None
-        self._disconnect: asyncio.Task | None = None
+        self._queue: asyncio.Queue[RequestEvent] | None = None
+        self._disconnect: asyncio.Task[None] | None = None
         self._started_at = 0.0
         self._last_text_at: float | None = None
 
@@ -185,6 +182,39 @@ class Generation:
                     raise rank_error(message, self.prompt_param)
         finally:
             self.close()
+
+    async def collect(self) -> Collected:
+        """Every event, gathered: the whole text, its logprobs and the Done."""
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        async for message in self.events():
+            if isinstance(message, Delta):
+                text.append(message.text)
+                logprobs += message.logprobs or []
+            else:
+                return Collected("".join(text), message, logprobs)
+        raise AssertionError("events() ends with Done or raises")
+
+    def stream(
+        self, render: Callable[[Delta | Done], Iterable[str]], opening: Iterable[str] = ()
+    ) -> StreamingResponse:
+        """Server-sent events: `opening` at once, then `render` turns each event into SSE
+        lines; an error mid-stream becomes one error event in the API's error shape."""
+
+        async def lines() -> AsyncIterator[str]:
+            try:
+                for line in opening:
+                    yield line
+                async for message in self.events():
+                    for line in render(message):
+                        yield line
+            except APIError as exc:
+                self.metrics.errors.labels(exc.type, exc.code or "").inc()
+                yield sse.event(exc.body())
+            finally:
+                self.close()
+
+        return StreamingResponse(lines(), media_type="text/event-stream", headers=sse.HEADERS)
 
     def close(self) -> None:
         """Idempotent: stop watching; cancel at rank 0 unless the request finished there."""

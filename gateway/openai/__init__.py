@@ -1,0 +1,1 @@
+"""The OpenAI surface: wire types (protocol.py) and one adapter per endpoint family."""

@@ -1,0 +1,89 @@
+"""POST /v1/chat/completions: OpenAI chat requests to rank 0 and its events back, streamed
+(SSE) or whole."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from gateway import sse
+from gateway.auth import require_api_key
+from gateway.openai.common import begin
+from gateway.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    ChunkDelta,
+    Performance,
+    ResponseHead,
+    choice_finish_reason,
+    error_responses,
+)
+from ipc.protocol import Delta, Done
+
+router = APIRouter(tags=["chat"], dependencies=[Depends(require_api_key)])
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses=error_responses(400, 401, 404, 413, 503, 504),
+)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request
+) -> ChatCompletion | StreamingResponse:
+    """Generate the assistant's next message for a conversation."""
+    generation, head = await begin(request, body, "chatcmpl", "messages")
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        render = ChatStream(head, include_usage, body.logprobs)
+        return generation.stream(render, render.opening())
+    result = await generation.collect()
+    choice = ChatChoice(
+        message=AssistantMessage(content=result.text),
+        logprobs=ChoiceLogprobs(content=result.logprobs) if body.logprobs else None,
+        finish_reason=choice_finish_reason(result.done),
+    )
+    return ChatCompletion(
+        **head.model_dump(),
+        choices=[choice],
+        usage=result.done.usage,
+        performance=Performance.of(result.done.timings),
+    )
+
+
+class ChatStream:
+    """Rank 0's events as chat.completion.chunk events: a role chunk first, then one chunk
+    per delta, a finish chunk, the usage chunk when asked for, then [DONE]."""
+
+    def __init__(self, head: ResponseHead, include_usage: bool, logprobs: bool) -> None:
+        self.head = head.model_dump()
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.drop: tuple[str, ...] = () if include_usage else ("usage",)
+
+    def _chunk(self, choices: list[ChatChunkChoice], **extra: object) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**self.head, choices=choices, **extra)
+
+    def opening(self) -> Iterator[str]:
+        first = ChatChunkChoice(delta=ChunkDelta(role="assistant", content=""))
+        yield sse.event(self._chunk([first]), drop=(*self.drop, "performance"))
+
+    def __call__(self, message: Delta | Done) -> Iterator[str]:
+        if isinstance(message, Delta):
+            lp = ChoiceLogprobs(content=message.logprobs or []) if self.logprobs else None
+            choice = ChatChunkChoice(delta=ChunkDelta(content=message.text), logprobs=lp)
+            yield sse.event(self._chunk([choice]), drop=(*self.drop, "performance"))
+            return
+        perf = Performance.of(message.timings)
+        last = ChatChunkChoice(delta=ChunkDelta(), finish_reason=choice_finish_reason(message))
+        yield sse.event(self._chunk([last], performance=perf), drop=self.drop)
+        if self.include_usage:
+            yield sse.event(self._chunk([], usage=message.usage, performance=perf))
+        yield sse.DONE

@@ -1,0 +1,95 @@
+"""POST /v1/completions (legacy text completions): a prompt to rank 0 and its events back,
+streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from gateway import sse
+from gateway.auth import require_api_key
+from gateway.openai.common import begin
+from gateway.openai.protocol import (
+    CompletionLogprobs,
+    CompletionRequest,
+    Performance,
+    ResponseHead,
+    TextChoice,
+    TextCompletion,
+    choice_finish_reason,
+    error_responses,
+)
+from ipc.protocol import Delta, Done, TokenLogprob
+
+router = APIRouter(tags=["completions"], dependencies=[Depends(require_api_key)])
+
+
+def text_logprobs(items: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+    """Rank 0's per-token logprobs in the completions shape; offsets start at `offset`."""
+    result = CompletionLogprobs()
+    for item in items:
+        result.tokens.append(item.token)
+        result.token_logprobs.append(item.logprob)
+        result.top_logprobs.append({top.token: top.logprob for top in item.top_logprobs})
+        result.text_offset.append(offset)
+        offset += len(item.token)
+    return result
+
+
+@router.post(
+    "/v1/completions",
+    response_model=TextCompletion,
+    responses=error_responses(400, 401, 404, 413, 503, 504),
+)
+async def completions(
+    body: CompletionRequest, request: Request
+) -> TextCompletion | StreamingResponse:
+    """Continue a text prompt."""
+    generation, head = await begin(request, body, "cmpl", "prompt")
+    want_logprobs = body.logprobs is not None
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return generation.stream(TextStream(head, include_usage, want_logprobs))
+    result = await generation.collect()
+    choice = TextChoice(
+        text=result.text,
+        logprobs=text_logprobs(result.logprobs, 0) if want_logprobs else None,
+        finish_reason=choice_finish_reason(result.done),
+    )
+    return TextCompletion(
+        **head.model_dump(),
+        choices=[choice],
+        usage=result.done.usage,
+        performance=Performance.of(result.done.timings),
+    )
+
+
+class TextStream:
+    """Rank 0's events as text_completion chunks: one per delta, a finish chunk, the usage
+    chunk when asked for, then [DONE]."""
+
+    def __init__(self, head: ResponseHead, include_usage: bool, logprobs: bool) -> None:
+        self.head = head.model_dump()
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.drop: tuple[str, ...] = () if include_usage else ("usage",)
+        self.offset = 0  # characters streamed so far, for the logprobs' text offsets
+
+    def _chunk(self, choices: list[TextChoice], **extra: object) -> TextCompletion:
+        return TextCompletion(**self.head, choices=choices, **extra)
+
+    def __call__(self, message: Delta | Done) -> Iterator[str]:
+        if isinstance(message, Delta):
+            lp = text_logprobs(message.logprobs or [], self.offset) if self.logprobs else None
+            self.offset += len(message.text)
+            choice = TextChoice(text=message.text, logprobs=lp)
+            yield sse.event(self._chunk([choice]), drop=(*self.drop, "performance"))
+            return
+        perf = Performance.of(message.timings)
+        last = TextChoice(text="", finish_reason=choice_finish_reason(message))
+        yield sse.event(self._chunk([last], performance=perf), drop=self.drop)
+        if self.include_usage:
+            yield sse.event(self._chunk([], usage=message.usage, performance=perf))
+        yield sse.DONE
