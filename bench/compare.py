@@ -37,7 +37,18 @@ from bench.loadgen import (
     table,
 )
 from bench.report import markdown_report, ratio_rows
-from bench.servers import OPENBLAS, PY, ROOT, Ours, Peer, group_cpu, load_average, log, wait_quiet
+from bench.servers import (
+    PY,
+    ROOT,
+    BenchRefused,
+    Ours,
+    Peer,
+    group_cpu,
+    load_average,
+    log,
+    wait_quiet,
+)
+from launcher.command import OPENBLAS, blas_preload
 
 # ---- workloads --------------------------------------------------------------------------
 
@@ -105,7 +116,7 @@ def token_counter(model_dir: Path):
 
 def resolve_model_dir(env: dict[str, str]) -> Path:
     done = subprocess.run(
-        [str(PY), "-m", "engine.model_source"],
+        [str(PY), "-m", "acquisition.source"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -114,7 +125,7 @@ def resolve_model_dir(env: dict[str, str]) -> Path:
     )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"error: cannot resolve the model: {done.stderr.strip()[-400:]}")
+        raise BenchRefused(f"cannot resolve the model: {done.stderr.strip()[-400:]}")
     return Path(lines[-1])
 
 
@@ -191,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         "MODEL": args.model,
         "IMPORT_DTYPE": args.import_dtype,
         "MODEL_CACHE_DIR": str(args.cache_dir),
-        "LD_PRELOAD": OPENBLAS,
     }
+    env |= blas_preload(env)
     if args.openblas_threads:
         env["OPENBLAS_NUM_THREADS"] = args.openblas_threads
     model_dir = resolve_model_dir(env)
@@ -216,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             tag = f"{stamp}-{index}"
             results[key][server.name] = run_one(server, key, args, counter, tag)
     even = next((d for _, _, d in setups(args, model_dir) if d != model_dir), None)
-    report = markdown_report(results, args, model_dir, started, sys.argv[1:], OPENBLAS, even)
+    report = markdown_report(results, args, model_dir, started, sys.argv[1:], str(OPENBLAS), even)
     print(report)
     for path, text in (
         (args.markdown, report),
@@ -250,5 +261,14 @@ def _jsonable(results, args, model_dir: Path, started) -> dict:
     }
 
 
+def run(argv: list[str] | None = None) -> int:
+    """main(), with a refused benchmark as one `error:` line and exit status 2."""
+    try:
+        return main(argv)
+    except BenchRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -14,11 +14,9 @@ from pathlib import Path
 import httpx
 
 from bench.loadgen import Endpoint
+from launcher.command import ROOT, VENV_BIN, Job, blas_preload, blas_threads
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = ROOT / ".venv" / "bin" / "python"
-MLX_LAUNCH = ROOT / ".venv" / "bin" / "mlx.launch"
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+PY = VENV_BIN / "python"
 
 
 def log(message: str) -> None:
@@ -45,6 +43,10 @@ def free_port_range(count: int) -> int:
     raise RuntimeError("no free port range for the ring backend")
 
 
+class BenchRefused(RuntimeError):
+    """A benchmark that cannot give meaningful figures now; the message says why."""
+
+
 def load_average() -> float:
     return os.getloadavg()[0]
 
@@ -54,8 +56,8 @@ def wait_quiet(limit: float, patience: float) -> None:
     deadline = time.monotonic() + patience
     while load_average() > limit:
         if time.monotonic() > deadline:
-            raise SystemExit(
-                f"error: the 1-minute load average is {load_average():.2f} (limit {limit}): "
+            raise BenchRefused(
+                f"the 1-minute load average is {load_average():.2f} (limit {limit}): "
                 "measurements on a busy machine are meaningless; retry when it is quiet "
                 "or pass --max-load"
             )
@@ -224,8 +226,8 @@ class Peer:
         self.quiet = quiet_launcher and ranks > 1
         self.ranks = ranks
         self.port = free_port()
-        # the OpenBLAS threads per rank that launch.sh gives our local ranks (a fair field)
-        self.env = {"OPENBLAS_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))} | env
+        # the BLAS and threads per rank that launch.sh gives our local ranks (a fair field)
+        self.env = env | blas_preload(env) | blas_threads(ranks, env)
         self.model_dir = model_dir
         quiet = "-quiet" if self.quiet else ""
         self.log_path = workdir / f"peer-{ranks}{quiet}-{model_dir.name}.log"
@@ -237,28 +239,14 @@ class Peer:
         server += ["--port", str(self.port)]
         if self.ranks == 1:
             return [str(PY), *server]
-        return [
-            str(MLX_LAUNCH),
-            "--backend",
-            "ring",
-            "-n",
-            str(self.ranks),
-            "--hosts",
-            "127.0.0.1",
-            "-p",
-            str(free_port_range(self.ranks)),
-            "--env",
-            f"LD_PRELOAD={OPENBLAS}",
-            "--env",
-            f"OPENBLAS_NUM_THREADS={self.env['OPENBLAS_NUM_THREADS']}",
-            "--python",
-            *(
-                ["/bin/sh", "--", "-c", 'exec "$0" "$@" </dev/null', str(PY)]
-                if self.quiet
-                else [str(PY), "--"]
-            ),
-            *server,
-        ]
+        # quiet: each rank's stdin is /dev/null, so mlx.launch can stop relaying it
+        python = ["/bin/sh", "-c", 'exec "$0" "$@" </dev/null', str(PY)] if self.quiet else None
+        job = Job(program=server, port=free_port_range(self.ranks), ranks=self.ranks)
+        blas = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
+        job.rank_env = {k: self.env[k] for k in blas if k in self.env}
+        if python:
+            job.python = python
+        return job.argv()
 
     def start(self) -> None:
         with self.log_path.open("ab") as out:

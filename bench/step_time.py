@@ -17,7 +17,7 @@ import time
 
 from bench.idle_cost import CpuWindow
 from ipc.protocol import Done, SamplingParams, Submit
-from tests.support.cluster import Cluster
+from launcher.local_cluster import Cluster
 
 STEP = re.compile(
     r"step (\d+): decode (\d+), prefill (\d+) tokens; total ([\d.]+) ms = plan\+broadcast "

@@ -63,7 +63,7 @@ class Broadcaster:
         if length <= capacity:
             return body
         rest_size = length - capacity
-        if leader:
+        if payload is not None:  # rank 0
             rest = np.frombuffer(payload[capacity:], dtype=np.uint8)
         else:
             rest = np.zeros(rest_size, dtype=np.uint8)

@@ -1,11 +1,12 @@
-"""Load this rank's part of a model per a Plan: lazily, sliced before anything is evaluated."""
+"""Load this rank's part of the model: resolve MODEL, plan the split, load lazily and slice
+before anything is evaluated, so a rank only ever materializes its own share."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,47 +14,41 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
+from acquisition.source import ModelSourceError, resolve_model
+from config import Settings
+from distributed.hosts import gather_hosts
 from distributed.pipeline import PipelineStage
-from distributed.plan import ModelShape, Plan, PlanError
+from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
 from distributed.tensor_parallel import shard_model
 
 log = logging.getLogger("ring.plan")
 
 
-def local_memory_bytes() -> int:
-    """This machine's memory: the accelerator's working set where MLX reports it, else RAM."""
-    info = mx.device_info()
-    for key in ("max_recommended_working_set_size", "memory_size"):
-        if info.get(key):
-            return int(info[key])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+class ModelLoadError(Exception):
+    """The model cannot be resolved, planned or loaded; the message says why."""
 
 
-def gather_rank_memory(group: mx.distributed.Group) -> list[float]:
-    """Every rank's memory in GiB, in rank order (a collective: all ranks must call it)."""
-    mine = mx.array([local_memory_bytes() / 2**30], dtype=mx.float32)
-    if group.size() == 1:
-        return [float(mine[0].item())]
-    return [float(x) for x in mx.distributed.all_gather(mine, group=group).tolist()]
+@dataclass(frozen=True)
+class ModelInfo:
+    """What this rank loaded: complete once the load returns."""
 
+    model_id: str
+    path: Path
+    config: dict
+    plan: Plan
+    rank: int
+    weight_bytes: int
 
-def resolve_weights(spec: str, group: mx.distributed.Group) -> list[float] | None:
-    """RANK_WEIGHTS as the planner takes it: '' -> None (equal), 'auto' -> memory, '2,1,1'."""
-    spec = spec.strip()
-    if not spec:
-        return None
-    if spec == "auto":
-        return gather_rank_memory(group)
-    try:
-        return [float(part) for part in spec.split(",")]
-    except ValueError:
-        message = f"RANK_WEIGHTS={spec!r} must be empty, auto, or numbers like 2,1,1"
-        raise PlanError(message) from None
+    @property
+    def share(self) -> str:
+        """This rank's line of the plan."""
+        return self.plan.describe()[1 + self.rank].strip()
 
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the parameters this rank holds (its weight memory)."""
-    return sum(array.nbytes for _, array in tree_flatten(model.parameters()))
+    arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(array.nbytes for _, array in arrays)
 
 
 def _materialize(model: nn.Module) -> None:
@@ -95,3 +90,28 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
     if group.size() > 1:
         mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
     return model
+
+
+def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.Module, ModelInfo]:
+    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step."""
+    try:
+        model_dir = Path(resolve_model(settings))
+    except ModelSourceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    config = json.loads((model_dir / "config.json").read_text())
+    try:
+        hosts = gather_hosts(group)
+        weights = resolve_weights(settings.rank_weights, hosts)
+        plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
+    except PlanError as exc:
+        raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
+    model = load_rank_model(model_dir, group, plan)
+    info = ModelInfo(
+        model_id=settings.model or model_dir.name,
+        path=model_dir,
+        config=config,
+        plan=plan,
+        rank=group.rank(),
+        weight_bytes=weight_bytes(model),
+    )
+    return model, info

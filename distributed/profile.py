@@ -8,6 +8,7 @@ measuring only; the plan broadcast keeps its own unwrapped all_sum.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import mlx.core as mx
 
@@ -22,7 +23,7 @@ class CollectiveProfiler:
     def install(self) -> CollectiveProfiler:
         original = mx.distributed.all_sum
 
-        def timed_all_sum(x: mx.array, *args: object, **kwargs: object) -> mx.array:
+        def timed_all_sum(x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
             mx.eval(x)
             started = time.perf_counter()
             result = original(x, *args, **kwargs)

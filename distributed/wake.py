@@ -130,8 +130,8 @@ def open_wake_channel(
         finally:
             listener.close()
         return WakeSender([connections[rank] for rank in sorted(connections)])
-    address = broadcaster.broadcast(None, "wake channel address broadcast").decode()
-    host, port = address.rsplit(":", 1)
+    where = broadcaster.broadcast(None, "wake channel address broadcast").decode()
+    host, port = where.rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -139,7 +139,7 @@ def open_wake_channel(
             break
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise WakeError(f"cannot reach rank 0's wake channel at {address}: {exc}") from None
+                raise WakeError(f"cannot reach rank 0's wake channel at {where}: {exc}") from None
             time.sleep(0.1)
     conn.settimeout(None)
     conn.sendall(_RANK.pack(group.rank()))

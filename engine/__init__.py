@@ -1,1 +1,2 @@
-"""Model resolution, batch engine, sampler, scheduler."""
+"""Serving on the ranks: the step plan, the batch engine, and rank 0's leader, scheduler,
+sampler and detokenizer."""

@@ -9,6 +9,7 @@ joins the decode batch (a left-padded BatchKVCache per layer).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -54,9 +55,9 @@ class BatchEngine:
 
     def __init__(
         self,
-        model: Callable,
+        model: Callable[..., mx.array],
         prefill_chunk_size: int,
-        guard: Callable[[str], object] | None = None,
+        guard: Callable[[str], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.model = model
         self.prefill_chunk_size = prefill_chunk_size
@@ -104,6 +105,7 @@ class BatchEngine:
                 if not keep:
                     self._decode_cache = None
                 else:
+                    assert self._decode_cache is not None
                     index = mx.array(keep)
                     for layer in self._decode_cache:
                         layer.filter(index)
@@ -125,7 +127,7 @@ class BatchEngine:
         """Decode one token for the batch and prefill up to the chunk budget; eval all."""
         rows: list[mx.array] = []
         seq_ids = list(self.decode_ids)
-        if self.decode_ids:
+        if self._decode_cache is not None:
             inputs = mx.array(self._next_tokens, dtype=mx.uint32)[:, None]
             rows.append(self._forward(inputs, self._decode_cache))
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
@@ -159,17 +161,17 @@ class BatchEngine:
                 # Evaluate per chunk so the lazy graph of a long prompt stays small.
                 self._eval(_cache_arrays(entry.cache))
         pending = []
-        for entries, logits, cache in finished:
-            rows.append(logits)
+        for entries, last, shared in finished:
+            rows.append(last)
             seq_ids += [e.seq_id for e in entries]
-            pending += _cache_arrays(cache if cache is not None else entries[0].cache)
-        logits = mx.concatenate(rows, axis=0) if rows else None
-        if logits is not None:
-            self._eval([logits, *pending])
-        for entries, _, cache in finished:
-            self._join(entries, cache)
+            pending += _cache_arrays(shared if shared is not None else entries[0].cache)
+        output = mx.concatenate(rows, axis=0) if rows else None
+        if output is not None:
+            self._eval([output, *pending])
+        for entries, _, batch_cache in finished:
+            self._join(entries, batch_cache)
         self.step_index += 1
-        return StepResult(seq_ids, logits, prefill_tokens)
+        return StepResult(seq_ids, output, prefill_tokens)
 
     def _fresh_group(self, budget: int) -> list[_Prefill]:
         """Leading unstarted prompts that fit the budget together (left-padded)."""

@@ -79,7 +79,7 @@ class StopFilter:
         return out
 
 
-def _byte_level_alphabet() -> dict[str, int]:
+def byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet: printable character -> the byte it stands for."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
     printable += range(ord("®"), ord("ÿ") + 1)
@@ -92,7 +92,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     return mapping
 
 
-_BYTE_LEVEL = _byte_level_alphabet()
+_BYTE_LEVEL = byte_level_alphabet()
 _byte_level_tokenizers: dict[int, bool] = {}
 
 

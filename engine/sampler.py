@@ -91,7 +91,7 @@ class RequestSampler:
         """Pick the next token from one row of raw logits and record it."""
         logits = self._penalize(np.array(logits, dtype=np.float32, copy=True))
         # Extreme penalties can overflow; keep the order of what is left finite.
-        logits = np.nan_to_num(logits, nan=-np.inf, posinf=np.finfo(np.float32).max)
+        logits = np.nan_to_num(logits, nan=-np.inf, posinf=float(np.finfo(np.float32).max))
         token = self._choose(logits)
         result = Sample(token)
         if self.params.logprobs:

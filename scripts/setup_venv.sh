@@ -13,7 +13,6 @@ set -euo pipefail
 MODE="${1:-runtime}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
-OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
 
 say() { printf '  %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -57,10 +56,11 @@ sha256_of_stdin() {
 }
 
 ensure_openblas() {
-    # MLX's Linux CPU wheel ships a slow reference BLAS; Debian's OpenBLAS, preloaded by
-    # launch.sh, makes float32 matmul about 80x faster. Install it when we are allowed to.
+    # MLX's Linux CPU wheel ships a slow reference BLAS; Debian's OpenBLAS, preloaded into
+    # the ranks (launcher/command.py), makes float32 matmul about 80x faster. Install it
+    # when we are allowed to.
     [[ "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]] || return 0
-    [[ -e "$OPENBLAS" ]] && return 0
+    dpkg -s libopenblas0-pthread >/dev/null 2>&1 && return 0
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         say "installing libopenblas0-pthread (fast BLAS for MLX on the CPU)"
         if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&

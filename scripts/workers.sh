@@ -1,23 +1,9 @@
 # Remote mode parts of launch.sh (sourced by it): the worker hosts over SSH.
 # Uses launch.sh's helpers: cfg, workers, ssh_batch, step, info, warn, abort_start.
+# (The --env overrides that reach the remote ranks are built by launcher/command.py.)
 # `workers` prints "rank ssh-destination dir" per worker: REMOTE_DIR is one path for
 # every worker or one per worker (validated by config/settings.py: plain path characters,
 # so the paths go unquoted into the remote shell, where `~` expands).
-
-# Environment overrides (NUM_DEVICES=3 ./launch.sh start) must reach the remote ranks
-# too, which only read their synced .env: pass each overridden setting with --env. So do
-# OpenBLAS's own variables (OPENBLAS_NUM_THREADS, OPENBLAS_CORETYPE, ...) set here: an SSH
-# session starts without them, and every rank should run the BLAS the same way.
-env_overrides() {
-    local key
-    for key in $(cut -d= -f1 "$SETTINGS") $(compgen -e | grep '^OPENBLAS_'); do
-        [[ -n "${!key+x}" ]] && printf -- '--env\n%s=%s\n' "$key" "${!key}"
-    done
-}
-
-# The worker directories as one comma list in rank order (rank N's is field N), for the
-# rank command that mlx.launch runs on every host (see launch_ranks).
-remote_dirs() { workers | awk '{ printf "%s%s", (NR > 1 ? "," : ""), $3 }'; }
 
 sync_workers() {
     local rank dest dir
@@ -36,15 +22,15 @@ sync_workers() {
             abort_start "rsync to $dest:$dir failed" "$RUN/sync.log"
         ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh runtime" 2>&1 | sed 's/^/      /'
         [[ "${PIPESTATUS[0]}" == 0 ]] || abort_start "could not prepare the venv on $dest"
-        ssh_batch "$dest" "cd $dir && .venv/bin/python -m engine.model_source" \
+        ssh_batch "$dest" "cd $dir && .venv/bin/python -m acquisition.source" \
             >"$RUN/model-$rank.log" 2>&1 ||
             abort_start "rank $rank ($dest) could not resolve MODEL" "$RUN/model-$rank.log"
     done < <(workers)
 }
 
 check_workers() { # after sync: same Python, mlx and mlx-lm as here, enough memory
-    step "Check the workers (python -m distributed.detect)"
-    "$PY" -m distributed.detect >"$RUN/detect.txt" 2>&1
+    step "Check the workers (python -m launcher.detect)"
+    "$PY" -m launcher.detect >"$RUN/detect.txt" 2>&1
     local rc=$?
     sed 's/^/    /' "$RUN/detect.txt"
     ((rc == 0)) && return 0

@@ -19,9 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from launcher.local_cluster import Cluster
 from tests.support.api_server import running_api, start_api
-from tests.support.cluster import Cluster
-from tests.support.tiny_models import write_tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -35,8 +34,8 @@ LONG = {"model": "default", "prompt": PROMPT, "max_tokens": 3000, "temperature":
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
+def model_dir(tiny_llama):
+    return tiny_llama
 
 
 class HealthWatcher(threading.Thread):

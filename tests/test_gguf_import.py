@@ -13,7 +13,7 @@ from mlx_lm import load
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
-from engine.gguf_import import GGUFImportError, _read_bf16, import_gguf, read_header
+from acquisition.gguf_import import GGUFImportError, _read_bf16, import_gguf, read_header
 from tests.support.tiny_gguf import (
     ARCHITECTURES,
     TENSOR_TYPES,
@@ -222,7 +222,7 @@ def test_end_of_turn_token_also_stops_generation(tmp_path):
 
 
 def test_large_models_are_written_in_shards(tmp_path, monkeypatch):
-    monkeypatch.setattr("engine.gguf_import.SHARD_BYTES", 40_000)
+    monkeypatch.setattr("acquisition.gguf_import.SHARD_BYTES", 40_000)
     tiny, _, model, out = _import(tmp_path, "float32", arch="qwen2", tensor_type="F32")
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) > 2 and not (out / "model.safetensors").exists()

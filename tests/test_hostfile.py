@@ -1,4 +1,4 @@
-"""hosts.json writer and `detect` (distributed/hostfile.py, distributed/detect.py)."""
+"""hosts.json writer and `detect` (launcher/hostfile.py, launcher/detect.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from mlx._distributed_utils.common import Hostfile
 
 from config.settings import PROJECT_DIR, Settings
-from distributed import detect
-from distributed.hostfile import (
+from launcher import detect
+from launcher.hostfile import (
     HostfileError,
     build_hosts,
     free_port_run,
@@ -101,7 +101,7 @@ def test_free_port_run_returns_consecutive_free_ports() -> None:
 def test_cli_writes_hosts_json_and_reports_bad_settings(tmp_path: Path) -> None:
     env = {**os.environ, "ENV_FILE": str(tmp_path / "none.env"), "NUM_DEVICES": "2"}
     out = tmp_path / "hosts.json"
-    cmd = [sys.executable, "-m", "distributed.hostfile", "write", "--out", str(out)]
+    cmd = [sys.executable, "-m", "launcher.hostfile", "write", "--out", str(out)]
     done = subprocess.run(cmd, cwd=PROJECT_DIR, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert len(json.loads(out.read_text())) == 2
@@ -129,7 +129,7 @@ def test_detect_names_an_unreachable_host_and_fails() -> None:
         "WORKER_SSH": "nobody-here@127.0.0.1",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "distributed.detect", "--timeout", "3"],
+        [sys.executable, "-m", "launcher.detect", "--timeout", "3"],
         cwd=PROJECT_DIR,
         env=env,
         capture_output=True,

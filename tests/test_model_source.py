@@ -17,10 +17,10 @@ import pytest
 import regex
 from mlx_lm import generate, load
 
+from acquisition import source as model_source
+from acquisition.gguf_import import read_header
+from acquisition.source import ModelSourceError, default_gguf_path, resolve_model
 from config.settings import PROJECT_DIR, Settings
-from engine import model_source
-from engine.gguf_import import read_header
-from engine.model_source import ModelSourceError, default_gguf_path, resolve_model
 from tests.support.tiny_gguf import write_tiny_gguf
 from tests.support.tiny_models import _byte_to_unicode, write_tiny_model
 
@@ -41,7 +41,7 @@ def _settings(cache: Path, model: str = "", dtype: str = "float32") -> Settings:
 def _run_cli(env: dict[str, str]) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "ENV_FILE": "/nonexistent/.env", **env}
     return subprocess.run(
-        [sys.executable, "-m", "engine.model_source"],
+        [sys.executable, "-m", "acquisition.source"],
         cwd=PROJECT_DIR,
         env=full_env,
         capture_output=True,
@@ -249,7 +249,7 @@ def test_gguf_path_imports_once_even_with_two_processes_at_once(tmp_path):
         "IMPORT_DTYPE": "float32",
     }
     full_env = {**os.environ, "ENV_FILE": "/nonexistent/.env", **env}
-    command = [sys.executable, "-m", "engine.model_source"]
+    command = [sys.executable, "-m", "acquisition.source"]
     procs = [
         subprocess.Popen(
             command,
@@ -282,7 +282,7 @@ def test_interrupted_import_leaves_no_half_model(tmp_path, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("engine.gguf_import.import_gguf", interrupted)
+    monkeypatch.setattr("acquisition.gguf_import.import_gguf", interrupted)
     with pytest.raises(KeyboardInterrupt):
         resolve_model(settings)
     leftovers = [

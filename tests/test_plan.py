@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distributed.plan import Plan, PlanError, apportion, make_plan, parse_weights
+from config.settings import parse_rank_weights
+from distributed.hosts import RankHost
+from distributed.plan import Plan, PlanError, apportion, make_plan, resolve_weights
 from distributed.tensor_parallel import slice_columns, slice_rows
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -151,10 +153,11 @@ def test_per_layer_quantization_overrides_tighten_the_group() -> None:
 
 
 def test_parse_weights() -> None:
-    assert parse_weights("2,1,1") == [2.0, 1.0, 1.0]
-    assert parse_weights(" ") is None
-    with pytest.raises(PlanError):
-        parse_weights("2,x")
+    assert parse_rank_weights("2,1,1") == [2.0, 1.0, 1.0]
+    assert parse_rank_weights(" ") is None
+    assert parse_rank_weights("auto") == "auto"
+    with pytest.raises(ValueError, match="comma-separated numbers"):
+        parse_rank_weights("2,x")
 
 
 def test_cli_prints_the_plan_and_refuses_with_status_2(tmp_path: Path) -> None:
@@ -337,15 +340,23 @@ def test_refusals_happen_exactly_when_counts_cannot_split(cfg: dict, world: int)
 
 
 def test_rank_weights_resolve_from_the_setting() -> None:
-    from distributed.loader import resolve_weights
+    from distributed.hosts import gather_hosts
 
-    group = mx.distributed.init(strict=False)
-    assert resolve_weights("", group) is None
-    assert resolve_weights("2,1,1", group) == [2.0, 1.0, 1.0]
-    auto = resolve_weights("auto", group)
-    assert len(auto) == 1 and auto[0] > 0.1  # this machine's memory in GiB
-    with pytest.raises(PlanError, match="RANK_WEIGHTS"):
-        resolve_weights("two", group)
+    hosts = gather_hosts(mx.distributed.init(strict=False))
+    assert resolve_weights(None, hosts) is None
+    assert resolve_weights([2.0, 1.0, 1.0], hosts) == [2.0, 1.0, 1.0]
+    auto = resolve_weights("auto", hosts)
+    assert auto is not None and len(auto) == 1 and auto[0] > 0.1  # memory in GiB
+
+
+def test_local_ranks_that_outnumber_the_cores_run_pipeline() -> None:
+    two_cores = [RankHost(host="mac", cores=2, memory_bytes=2**34)]
+    crowded = make_plan(SMOLLM2, 3, None, "auto", two_cores * 3)
+    assert crowded.strategy == "pipeline"
+    assert "3 local ranks on 2 cores of mac" in crowded.describe()[0]
+    assert make_plan(SMOLLM2, 3, None, "tensor", two_cores * 3).strategy == "tensor-even"
+    spread = [RankHost(host=f"mac{i}", cores=2, memory_bytes=2**34) for i in range(3)]
+    assert make_plan(SMOLLM2, 3, None, "auto", spread).strategy == "tensor-even"
 
 
 def test_loader_refuses_a_plan_made_for_another_model(tmp_path: Path) -> None:

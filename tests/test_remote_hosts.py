@@ -187,7 +187,7 @@ def test_start_syncs_each_worker_and_serves_across_the_hosts(cluster: RemoteClus
     for line in ("rank 0: 127.0.0.1 ips=10.77.0.1", "rank 1: root@10.77.0.2 ips=10.77.0.2"):
         assert line in done.stdout, done.stdout
     for worker in cluster.hosts.workers:
-        for name in ("server.py", "launch.sh", ".env", "distributed/hostfile.py"):
+        for name in ("server.py", "launch.sh", ".env", "launcher/hostfile.py"):
             synced = worker.remote_dir / name
             assert synced.read_bytes() == (cluster.root / name).read_bytes(), name
         assert os.access(worker.remote_dir / "launch.sh", os.X_OK)

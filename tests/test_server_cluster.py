@@ -30,7 +30,7 @@ from ipc.protocol import (
     Started,
     Submit,
 )
-from tests.support.cluster import Cluster
+from launcher.local_cluster import Cluster
 from tests.support.tiny_models import SPECIAL_TOKENS, write_tiny_model
 
 pytestmark = pytest.mark.cluster
@@ -324,8 +324,8 @@ def test_default_model_serves_a_batch_of_eight_like_one(default_cluster):
 # ---- clusters that end ----------------------------------------------------------------
 
 
-def test_sigterm_to_rank_0_ends_every_rank(tmp_path):
-    model = write_tiny_model(tmp_path / "tiny")
+def test_sigterm_to_rank_0_ends_every_rank(tmp_path, tiny_llama):
+    model = tiny_llama
     with Cluster(model, ranks=2, env=CLUSTER_ENV) as cluster:
         pids = cluster.rank_pids()
         client = cluster.client()
@@ -343,10 +343,10 @@ def test_sigterm_to_rank_0_ends_every_rank(tmp_path):
     assert "exited with code" not in log, log
 
 
-def test_idle_rank_0_keeps_the_model_warm(tmp_path):
+def test_idle_rank_0_keeps_the_model_warm(tmp_path, tiny_llama):
     # KEEP_WARM_SECONDS: idle that long, rank 0 runs a one-token request of its own, so
     # every rank steps with no client at all; nothing is sent and nothing logged at INFO.
-    model = write_tiny_model(tmp_path / "tiny")
+    model = tiny_llama
     with Cluster(model, ranks=2, env=CLUSTER_ENV | {"KEEP_WARM_SECONDS": "1"}) as cluster:
         deadline = time.monotonic() + 30
         while cluster.status().last_step_ms is None and time.monotonic() < deadline:
@@ -367,8 +367,8 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def test_a_dead_worker_ends_rank_0(tmp_path):
-    model = write_tiny_model(tmp_path / "tiny")
+def test_a_dead_worker_ends_rank_0(tmp_path, tiny_llama):
+    model = tiny_llama
     with Cluster(model, ranks=2, env=CLUSTER_ENV) as cluster:
         os.kill(cluster.rank_pids()[1], signal.SIGKILL)
         cluster.process.wait(10)
@@ -376,8 +376,8 @@ def test_a_dead_worker_ends_rank_0(tmp_path):
     assert "r0 ERROR rank 1 exited (its wake channel closed); stopping" in log, log
 
 
-def test_stuck_collective_ends_the_rank(tmp_path):
-    model = write_tiny_model(tmp_path / "tiny")
+def test_stuck_collective_ends_the_rank(tmp_path, tiny_llama):
+    model = tiny_llama
     env = CLUSTER_ENV | {"COLLECTIVE_TIMEOUT_SECONDS": "2"}
     with Cluster(model, ranks=2, env=env) as cluster:
         pids = cluster.rank_pids()

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.cluster import OPENBLAS, PROJECT_DIR, VENV_BIN
+from launcher.command import ROOT as PROJECT_DIR
+from launcher.command import VENV_BIN, Job, blas_preload, blas_threads
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -99,10 +100,7 @@ def _spec(cases: list[dict], models: dict[str, Path]) -> dict:
 
 def _environment(ranks: int) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if OPENBLAS.exists():
-        env.setdefault("LD_PRELOAD", str(OPENBLAS))
-    env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
-    return env
+    return env | blas_preload(env) | blas_threads(ranks, env)
 
 
 def _run_probe(spec: dict, out: Path, ranks: int, timeout: float) -> None:
@@ -111,24 +109,11 @@ def _run_probe(spec: dict, out: Path, ranks: int, timeout: float) -> None:
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec))
     log_path = out / "probe.log"
-    command = [str(VENV_BIN / "python"), str(PROBE), str(spec_path), str(out)]
+    program = [str(PROBE), str(spec_path), str(out)]
+    command = [str(VENV_BIN / "python"), *program]
     if ranks > 1:
         port = random.randint(20000, 60000 - ranks)
-        command = [
-            str(VENV_BIN / "mlx.launch"),
-            "--backend",
-            "ring",
-            "-n",
-            str(ranks),
-            "--hosts",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "--python",
-            str(VENV_BIN / "python"),
-            "--",
-            *command[1:],
-        ]
+        command = Job(program=program, port=port, ranks=ranks).argv()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command,
@@ -170,10 +155,10 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 def _smollm2_dir() -> Path:
-    """The default model imported as float32 (resolved once, cached by engine.model_source)."""
+    """The default model imported as float32 (resolved once, cached by acquisition.source)."""
     code = (
         "from config.settings import load_settings\n"
-        "from engine.model_source import resolve_model\n"
+        "from acquisition.source import resolve_model\n"
         "print(resolve_model(load_settings(model='', import_dtype='float32')))\n"
     )
     env = dict(os.environ, ENV_FILE="/nonexistent.env")

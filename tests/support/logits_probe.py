@@ -31,7 +31,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT))
 
-from distributed.loader import gather_rank_memory, load_rank_model, weight_bytes  # noqa: E402
+from distributed.hosts import gather_hosts  # noqa: E402
+from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
 from distributed.plan import make_plan  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         "weight_bytes": weight_bytes(model),
         "active_bytes": mx.get_active_memory(),
         "peak_load_bytes": mx.get_peak_memory(),
-        "memory_gib": gather_rank_memory(group),
+        "memory_gib": [host.memory_bytes / 2**30 for host in gather_hosts(group)],
     }
 
     prompt_ids = case.get("prompt", spec["prompt"])

@@ -15,6 +15,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from acquisition.gguf_tokenizer import byte_level_bpe_json
+from engine.detokenize import byte_level_alphabet
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -25,18 +28,7 @@ CHATML_TEMPLATE = (
 
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
+    return {byte: char for char, byte in byte_level_alphabet().items()}
 
 
 def write_byte_tokenizer(directory: Path) -> int:
@@ -55,38 +47,13 @@ def write_byte_tokenizer(directory: Path) -> int:
         }
         for i, token in enumerate(SPECIAL_TOKENS)
     ]
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": True,
-            "use_regex": True,
-        },
-        "post_processor": None,
-        "decoder": {
-            "type": "ByteLevel",
-            "add_prefix_space": True,
-            "trim_offsets": True,
-            "use_regex": True,
-        },
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": [],
-        },
+    pre_tokenizer = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
     }
+    tokenizer = byte_level_bpe_json(vocab, [], added, pre_tokenizer)
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

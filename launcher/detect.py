@@ -5,7 +5,7 @@ For each worker: reachable with SSH in BatchMode (no password prompt), the same 
 free memory. Prints one line per host and one line per problem with what to fix; exits 1
 when any host is unusable.
 
-    python -m distributed.detect [--timeout S]
+    python -m launcher.detect [--timeout S]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 
 from pydantic import BaseModel
 
-from config.settings import Settings, load_settings
-from distributed.hostfile import HostfileError, worker_destinations
+from config.settings import Settings, run_with_settings
+from launcher.hostfile import HostfileError, worker_destinations
 
 # Runs on each host with its own interpreter (sent on stdin, so it needs nothing installed).
 FACTS_SCRIPT = r"""
@@ -142,7 +142,7 @@ def detect(settings: Settings, timeout: float) -> int:
         print(f"local mode: WORKER_HOSTS is empty, {settings.num_devices} ranks on 127.0.0.1")
         return 0
     failed = False
-    for (address, dest), remote_dir in zip(workers, settings.remote_dir_list, strict=True):
+    for (address, dest), remote_dir in zip(workers, settings.remote_dirs, strict=True):
         try:
             there = remote_facts(dest, remote_dir, timeout)
         except (ConnectionError, ValueError) as exc:
@@ -166,15 +166,10 @@ def detect(settings: Settings, timeout: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distributed.detect")
+    parser = argparse.ArgumentParser(prog="python -m launcher.detect")
     parser.add_argument("--timeout", type=float, default=5.0, help="SSH connect timeout (s)")
     args = parser.parse_args(argv)
-    settings = load_settings()
-    try:
-        return detect(settings, args.timeout)
-    except HostfileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_with_settings(lambda settings: detect(settings, args.timeout), HostfileError)
 
 
 if __name__ == "__main__":

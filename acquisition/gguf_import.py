@@ -15,12 +15,12 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
 
-from engine.gguf_tokenizer import TokenizerImportError, build_tokenizer_files
+from acquisition.gguf_tokenizer import TokenizerImportError, build_tokenizer_files
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # GGML type id -> (name, bits when quantized)
@@ -267,7 +267,7 @@ def _convert(
 ) -> tuple[dict[str, mx.array], dict[str, tuple[int, int]]]:
     """Tensors renamed to mlx-lm keys; quantized module paths -> (bits, group size)."""
     try:
-        raw = mx.load(str(path))
+        raw = cast(dict[str, mx.array], mx.load(str(path)))
     except RuntimeError as exc:
         raise GGUFImportError(f"{path.name}: MLX cannot read the tensors ({exc})") from None
     meta = header.metadata

@@ -89,7 +89,7 @@ def check_mlx_dir(path: Path, model: str) -> Path:
 
 
 def import_variant(setting: str) -> tuple[str, str]:
-    """IMPORT_DTYPE -> (dtype, float dtype) for engine.gguf_import.import_gguf.
+    """IMPORT_DTYPE -> (dtype, float dtype) for acquisition.gguf_import.import_gguf.
 
     auto keeps the GGUF quantization where Metal runs it fast and dequantizes to float32
     elsewhere; quantized weights carry float16 scales on Metal and float32 on the CPU.
@@ -124,7 +124,7 @@ def content_hash(path: Path, stamps: Path) -> str:
 
 def import_gguf_cached(path: Path, settings: Settings) -> Path:
     """Import `path` into the cache unless an import of the same content and dtype is there."""
-    from engine.gguf_import import GGUFImportError, import_gguf
+    from acquisition.gguf_import import GGUFImportError, import_gguf
 
     root = settings.model_cache_dir.expanduser().resolve() / "gguf"
     root.mkdir(parents=True, exist_ok=True)
@@ -221,11 +221,8 @@ def download_from_hub(repo_id: str, settings: Settings) -> Path:
     return check_mlx_dir(Path(folder), repo_id)
 
 
-def main() -> int:
-    """`python -m engine.model_source`: resolve MODEL, log progress, print the directory."""
-    from config.settings import load_settings
-
-    settings = load_settings()
+def main(settings: Settings) -> int:
+    """`python -m acquisition.source`: resolve MODEL, log progress, print the directory."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logging.getLogger().handlers[:] = [handler]
@@ -240,4 +237,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from config.settings import run_with_settings
+
+    sys.exit(run_with_settings(main))

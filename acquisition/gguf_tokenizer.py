@@ -99,6 +99,43 @@ def _post_processor(bos: str | None, bos_id: int | None, add_bos: bool) -> dict 
     }
 
 
+def byte_level_bpe_json(
+    vocab: dict[str, int],
+    merges: list[str],
+    added: list[dict[str, Any]],
+    pre_tokenizer: dict[str, Any],
+    post_processor: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Hugging Face tokenizer.json for a byte-level BPE vocabulary."""
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
 def build_tokenizer_files(
     metadata: dict[str, Any], context_length: int | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -147,33 +184,13 @@ def build_tokenizer_files(
     def text(token_id: int | None) -> str | None:
         return tokens[token_id] if token_id is not None else None
 
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": PRE_TOKENIZERS[pre],
-        "post_processor": _post_processor(text(ids["bos"]), ids["bos"], add_bos),
-        "decoder": {
-            "type": "ByteLevel",
-            "add_prefix_space": True,
-            "trim_offsets": True,
-            "use_regex": True,
-        },
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": merges,
-        },
-    }
+    tokenizer_json = byte_level_bpe_json(
+        vocab,
+        merges,
+        added,
+        PRE_TOKENIZERS[pre],
+        _post_processor(text(ids["bos"]), ids["bos"], add_bos),
+    )
     tokenizer_config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": text(ids["bos"]),

@@ -9,9 +9,9 @@ The file is a JSON list that mlx.launch reads: one entry per rank with `ssh` (th
 destination; "127.0.0.1" makes mlx.launch run that rank locally without SSH), `ips`,
 `rdma` for the jaccl backend, plus our own `weight` (mlx.launch ignores extra keys).
 
-    python -m distributed.hostfile write [--out hosts.json]
-    python -m distributed.hostfile workers          # "rank ssh-destination dir" per worker
-    python -m distributed.hostfile free-port --count N
+    python -m launcher.hostfile write [--out hosts.json]
+    python -m launcher.hostfile workers          # "rank ssh-destination dir" per worker
+    python -m launcher.hostfile free-port --count N
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from config.settings import PROJECT_DIR, Settings, load_settings
+from config.settings import PROJECT_DIR, Settings, run_with_settings
 
 LOCAL = "127.0.0.1"
 RDMA_FILE = PROJECT_DIR / "rdma.json"
@@ -44,10 +44,6 @@ class HostEntry(BaseModel):
     ips: list[str]
     rdma: list[str | list[str] | None] | None = None
     weight: float | None = None
-
-
-def _split(value: str) -> list[str]:
-    return [part for part in value.replace(",", " ").split() if part]
 
 
 def resolve_ip(host: str) -> str:
@@ -78,8 +74,7 @@ def local_ip_towards(peer_ip: str) -> str:
 
 def worker_destinations(settings: Settings) -> list[tuple[str, str]]:
     """(address, ssh destination) for each worker, in rank order (ranks 1..)."""
-    hosts = settings.worker_host_list
-    ssh = _split(settings.worker_ssh)
+    hosts, ssh = settings.worker_hosts, settings.worker_ssh
     if ssh and len(ssh) != len(hosts):
         raise HostfileError(
             f"WORKER_SSH has {len(ssh)} entries but WORKER_HOSTS has {len(hosts)}: give one "
@@ -89,9 +84,9 @@ def worker_destinations(settings: Settings) -> list[tuple[str, str]]:
 
 
 def _weights(settings: Settings, world: int) -> list[float | None]:
-    weights = settings.parsed_rank_weights(world)
-    if weights is None:
-        return [None if settings.rank_weights == "auto" else 1.0] * world
+    weights = settings.rank_weights
+    if weights is None or weights == "auto":
+        return [None if weights == "auto" else 1.0] * world
     if len(weights) != world:
         raise HostfileError(
             f"RANK_WEIGHTS has {len(weights)} numbers but the cluster has {world} ranks: "
@@ -167,7 +162,7 @@ def _port_free(port: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distributed.hostfile")
+    parser = argparse.ArgumentParser(prog="python -m launcher.hostfile")
     sub = parser.add_subparsers(dest="command", required=True)
     write = sub.add_parser("write", help="write hosts.json for mlx.launch")
     write.add_argument("--out", type=Path, default=PROJECT_DIR / "hosts.json")
@@ -175,26 +170,28 @@ def main(argv: list[str] | None = None) -> int:
     port = sub.add_parser("free-port", help="print the first of N consecutive free ports")
     port.add_argument("--count", type=int, default=1)
     args = parser.parse_args(argv)
-
-    try:
-        if args.command == "free-port":
+    if args.command == "free-port":
+        try:
             print(free_port_run(max(args.count, 1)))
-            return 0
-        settings = load_settings()
+        except HostfileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    def run(settings: Settings) -> int:
         if args.command == "workers":
-            pairs = zip(worker_destinations(settings), settings.remote_dir_list, strict=True)
+            pairs = zip(worker_destinations(settings), settings.remote_dirs, strict=True)
             for rank, ((_, dest), remote_dir) in enumerate(pairs, start=1):
                 print(rank, dest, remote_dir)
             return 0
         entries = build_hosts(settings)
-    except HostfileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    args.out.write_text(render(entries))
-    for rank, entry in enumerate(entries):
-        weight = "auto" if entry.weight is None else f"{entry.weight:g}"
-        print(f"rank {rank}: {entry.ssh} ips={','.join(entry.ips)} weight={weight}")
-    return 0
+        args.out.write_text(render(entries))
+        for rank, entry in enumerate(entries):
+            weight = "auto" if entry.weight is None else f"{entry.weight:g}"
+            print(f"rank {rank}: {entry.ssh} ips={','.join(entry.ips)} weight={weight}")
+        return 0
+
+    return run_with_settings(run, HostfileError)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Start N ranks of server.py with mlx.launch on 127.0.0.1, for tests and helpers.
+"""Start N ranks of server.py with mlx.launch on 127.0.0.1, for tests and benchmarks.
 
     with Cluster(model_dir, ranks=2, env={"MAX_BATCH_SIZE": "8"}) as cluster:
         status = cluster.status()
@@ -21,10 +21,8 @@ from pathlib import Path
 
 from ipc.client import ClientError, RankClient, get_status, wait_ready
 from ipc.protocol import Shutdown, Status
-
-PROJECT_DIR = Path(__file__).resolve().parents[2]
-VENV_BIN = PROJECT_DIR / ".venv" / "bin"
-OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
+from launcher.command import ROOT as PROJECT_DIR
+from launcher.command import Job, blas_preload, blas_threads
 
 
 class ClusterError(Exception):
@@ -50,7 +48,7 @@ class Cluster:
         self.ranks = ranks
         self.extra_env = dict(env or {})
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ring-cluster-")
-        self.workdir = Path(workdir or self._tmp.name)
+        self.workdir = Path(workdir) if workdir else Path(self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.socket_path = self.workdir / "rank0.sock"
         self.log_path = self.workdir / "cluster.log"
@@ -68,30 +66,13 @@ class Cluster:
             ENV_FILE=str(self.workdir / "no.env"),  # ignore the project's .env
             PYTHONUNBUFFERED="1",
         )
-        if OPENBLAS.exists() and "LD_PRELOAD" not in env:
-            env["LD_PRELOAD"] = str(OPENBLAS)
-        # Ranks share this host's cores: more BLAS threads than cores only contend.
-        threads = str(max(1, (os.cpu_count() or 1) // self.ranks))
-        env.setdefault("OPENBLAS_NUM_THREADS", threads)
+        env.update(blas_preload(env) | blas_threads(self.ranks, env))
         env.update(self.extra_env)
         return env
 
     def command(self) -> list[str]:
-        return [
-            str(VENV_BIN / "mlx.launch"),
-            "--backend",
-            "ring",
-            "-n",
-            str(self.ranks),
-            "--hosts",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "--python",
-            str(VENV_BIN / "python"),
-            "--",
-            str(PROJECT_DIR / "server.py"),
-        ]
+        job = Job(program=[str(PROJECT_DIR / "server.py")], port=self.port, ranks=self.ranks)
+        return job.argv()
 
     def start(self, attempts: int = 3) -> Status:
         """Launch and wait until rank 0 says ready; ClusterError with the log tail if not.
@@ -151,6 +132,7 @@ class Cluster:
         Only once every rank has closed its stdin: rank 0 binds its socket after the group
         handshake, which every rank enters after closing it. Our end stays open (no EOF).
         """
+        assert self.process is not None and self.process.stdin is not None
         with contextlib.suppress(OSError):
             self.process.stdin.write(b"\n")
             self.process.stdin.flush()
@@ -178,8 +160,9 @@ class Cluster:
             os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
-        with contextlib.suppress(OSError):
-            self.process.stdin.close()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
         self._log.close()
 
     def __enter__(self) -> Cluster:
