@@ -6,15 +6,16 @@ answering (503 with a reason) while the ranks are down.
 
 from __future__ import annotations
 
+import sys
+
 import uvicorn
 
 from config.logging_setup import setup_logging
-from config.settings import load_settings
+from config.settings import Settings, run_with_settings
 from gateway import create_app
 
 
-def main() -> None:
-    settings = load_settings()
+def serve(settings: Settings) -> int:
     log = setup_logging(settings.log_level, "api")
     app = create_app(settings)
     log.info(
@@ -33,7 +34,8 @@ def main() -> None:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=5,
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_with_settings(serve))

@@ -9,14 +9,16 @@ echo "==> Python environment (.venv with test tools)"
 scripts/setup_venv.sh dev || exit 1
 
 # MLX's Linux CPU wheel ships a slow BLAS; Debian's OpenBLAS makes the model tests fast.
-OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
-[[ -e "$OPENBLAS" ]] && export LD_PRELOAD="$OPENBLAS${LD_PRELOAD:+:$LD_PRELOAD}"
+eval "$(.venv/bin/python -m launcher.command blas-env)"
 
 echo "==> ruff check"
 .venv/bin/ruff check . || { echo "error: ruff check found problems" >&2; exit 1; }
 echo "==> ruff format --check"
 .venv/bin/ruff format --check . ||
     { echo "error: files need formatting: .venv/bin/ruff format ." >&2; exit 1; }
+
+echo "==> mypy (strict on config/, ipc/, gateway/)"
+.venv/bin/mypy || { echo "error: the type checker found problems" >&2; exit 1; }
 
 echo "==> pytest"
 SECONDS=0
