@@ -29,6 +29,8 @@ from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_chan
 from distributed.watchdog import CollectiveWatchdog
 from engine.batch_engine import BatchEngine, PlanMismatchError
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
+from engine.prefix_cache import PrefixCache
+from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
 from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.protocol import RankStatus
@@ -106,12 +108,19 @@ def main(settings: Settings) -> int:
     except ModelLoadError as exc:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
+    with watchdog.guard("KV size probe (one-token forward)"):
+        per_token = kv_bytes_per_token(model)
+    budget = rank_budget(
+        settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
+    )
     mine = RankStatus(
         rank=ident.rank,
         host=ident.host,
         share=info.share,
         weight_bytes=info.weight_bytes,
         memory_bytes=mx.get_active_memory(),
+        kv_bytes_per_token=per_token,
+        prefix_cache_bytes=budget,
     )
     if socket is None:
         assert isinstance(wake, WakeReceiver)
@@ -122,14 +131,24 @@ def main(settings: Settings) -> int:
     assert wake is None or isinstance(wake, WakeSender)
     tokenizer = load_tokenizer(info.path)
     reports = wake.collect_ready() if wake is not None else []
+    ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
+    prefix = PrefixCache(
+        budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks])
+    )
+    log.info(
+        "prefix cache: %s",
+        f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
+    )
     leader = Leader(
         settings=settings,
         ident=ident,
         socket=socket,
         events=events,
         info=info,
-        ranks=[mine] + [RankStatus.model_validate(report) for report in reports],
-        scheduler=Scheduler(tokenizer, settings.max_batch_size, settings.max_sequence_length),
+        ranks=ranks,
+        scheduler=Scheduler(
+            tokenizer, settings.max_batch_size, settings.max_sequence_length, prefix
+        ),
         engine=engine,
         broadcaster=broadcaster,
         wake=wake,

@@ -58,6 +58,20 @@ def parse_rank_weights(text: str) -> RankWeights:
     return weights
 
 
+_BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int | None:
+    """'' -> None (the default); '0', '512MiB', '2GiB', '1.5G', '1048576' -> bytes."""
+    if not text.strip():
+        return None
+    found = _BYTES.match(text)
+    if found is None:
+        raise ValueError("must be a size such as 0, 512MiB or 2GiB (empty: the default)")
+    return int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
+
+
 class Settings(BaseSettings):
     """Every variable the project reads. `.env.example` documents each one."""
 
@@ -98,6 +112,8 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(default=8, ge=1, le=256)
     default_max_tokens: int = Field(default=512, ge=1)
     prefill_chunk_size: int = Field(default=256, ge=16)
+    # per rank; None: 25% of the memory each rank has left after its weights
+    prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 
     # Timeouts and logging
     request_timeout_seconds: float = Field(default=300.0, gt=0)
@@ -124,6 +140,11 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_rank_weights(cls, value: object) -> object:
         return parse_rank_weights(value) if isinstance(value, str) else value
+
+    @field_validator("prefix_cache_bytes", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
 
     @field_validator("remote_dir", mode="before")
     @classmethod

@@ -16,7 +16,7 @@ from mlx_lm.utils import load_model
 
 from acquisition.source import ModelSourceError, resolve_model
 from config import Settings
-from distributed.hosts import gather_hosts
+from distributed.hosts import RankHost, gather_hosts
 from distributed.pipeline import PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
 from distributed.tensor_parallel import shard_model
@@ -38,6 +38,15 @@ class ModelInfo:
     plan: Plan
     rank: int
     weight_bytes: int
+    hosts: list[RankHost]
+
+    @property
+    def host(self) -> RankHost:
+        return self.hosts[self.rank]
+
+    @property
+    def ranks_on_host(self) -> int:
+        return sum(1 for host in self.hosts if host.host == self.host.host)
 
     @property
     def share(self) -> str:
@@ -113,5 +122,6 @@ def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.M
         plan=plan,
         rank=group.rank(),
         weight_bytes=weight_bytes(model),
+        hosts=hosts,
     )
     return model, info

@@ -109,6 +109,7 @@ class Leader:
             queued_requests=len(self.scheduler.queue),
             max_batch_size=self.settings.max_batch_size,
             last_step_ms=self.last_step_ms,
+            prefix_cache=self.scheduler.prefix.stats(),
             max_sequence_length=self.settings.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
         )
@@ -201,6 +202,7 @@ class Leader:
         computed = time.perf_counter()
         self.last_work = time.monotonic()
         scheduler.on_result(result)
+        scheduler.prefix.bytes = engine.prefix.nbytes
         self._flush()
         done = time.perf_counter()
         self.last_step_ms = (done - started) * 1000

@@ -19,12 +19,14 @@ import numpy as np
 
 from engine.batch_engine import BatchEngine, StepResult
 from engine.detokenize import IncrementalDecoder, StopFilter, token_bytes
+from engine.prefix_cache import PlanOps, PrefixCache
 from engine.sampler import RequestSampler, Sample
-from engine.step_plan import Insert, StepPlan
+from engine.step_plan import StepPlan
 from ipc.protocol import (
     Delta,
     Done,
     Error,
+    PromptTokensDetails,
     SamplingParams,
     Started,
     Submit,
@@ -55,6 +57,7 @@ class Request:
     arrived: float
     generated: list[int] = field(default_factory=list)
     first_token_at: float | None = None
+    prefix_len: int = 0  # prompt tokens taken from the prefix cache
     unsent_ids: list[int] = field(default_factory=list)
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: str | None = None
@@ -68,8 +71,10 @@ class Scheduler:
         tokenizer: Any,
         max_batch_size: int,
         max_sequence_length: int,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.prefix = prefix or PrefixCache(0)
         self.max_batch_size = max_batch_size
         self.max_sequence_length = max_sequence_length
         self.eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -177,18 +182,35 @@ class Scheduler:
         return bool(self.queue or self.to_remove or engine.size)
 
     def build_plan(self, engine: BatchEngine) -> StepPlan:
-        """The next plan: removes, next tokens of the decode batch, admitted inserts."""
+        """The next plan: prefix-cache stores and evictions, removes, next tokens of the
+        decode batch, admitted inserts (a request may wait for a prefix being stored)."""
         removes, self.to_remove = self.to_remove, []
         removed = set(removes)
         tokens = [self.next_token.pop(s) for s in engine.decode_ids if s not in removed]
         for seq_id in removed:
             self.next_token.pop(seq_id, None)
+        ops = PlanOps()
+        self.prefix.plan_stores(ops)
         room = self.max_batch_size - (engine.size - len(removed))
         inserts = []
-        while self.queue and room > 0:
-            request = self.queue.popleft()
+        for request in list(self.queue):
+            if room <= 0:
+                break
+            insert = self.prefix.admit(request.seq_id, request.prompt, ops)
+            if insert is None:
+                continue  # a prefilling request is about to store most of its prompt
+            self.queue.remove(request)
             self.active[request.seq_id] = request
-            inserts.append(Insert(request.seq_id, request.prompt))
+            request.prefix_len = insert.prefix_len
+            if insert.prefix_len:
+                log.debug(
+                    "prefix hit for request %s: %d of %d prompt tokens from entry %d",
+                    request.id,
+                    insert.prefix_len,
+                    len(request.prompt),
+                    insert.prefix_entry,
+                )
+            inserts.append(insert)
             room -= 1
         return StepPlan(
             step=engine.step_index,
@@ -196,6 +218,8 @@ class Scheduler:
             removes=removes,
             tokens=tokens,
             inserts=inserts,
+            stores=ops.stores,
+            evicts=ops.evicts,
         )
 
     def idle_plan(self, engine: BatchEngine, stop: bool = False) -> StepPlan:
@@ -235,6 +259,7 @@ class Scheduler:
     def _accept(self, request: Request, sample: Sample, now: float) -> None:
         if request.first_token_at is None:
             request.first_token_at = now
+            self.prefix.prefilled(request.seq_id)
         token = sample.token
         request.generated.append(token)
         self.next_token[request.seq_id] = token
@@ -243,16 +268,16 @@ class Scheduler:
             request.unsent_logprobs.append(self._logprob(token, sample))
         if token in self.eos_ids:
             self._emit(request, request.stops.flush(), final=True)
-            self._finish(request, "stop")
+            self._finish(request, "stop", completed=True)
             return
         text, hit = request.stops.push(request.decoder.add(token))
         if hit:
             self._emit(request, text, final=True)
-            self._finish(request, "stop")
+            self._finish(request, "stop", completed=True)
         elif len(request.generated) >= request.submit.params.max_tokens:
             tail, _ = request.stops.push(request.decoder.flush())
             self._emit(request, text + tail + request.stops.flush(), final=True)
-            self._finish(request, "length")
+            self._finish(request, "length", completed=True)
         else:
             self._emit(request, text, final=False)
 
@@ -279,12 +304,17 @@ class Scheduler:
         request.unsent_ids, request.unsent_logprobs = [], []
         self.outbox.append((request.conn, delta))
 
-    def _finish(self, request: Request, reason: str, notify: bool = True) -> None:
+    def _finish(
+        self, request: Request, reason: str, notify: bool = True, completed: bool = False
+    ) -> None:
+        """End a request; a `completed` one's prompt and answer go to the prefix cache."""
         request.finished = reason
         self.by_key.pop((request.conn, request.id), None)
         if request.seq_id in self.active:
             del self.active[request.seq_id]
             self.to_remove.append(request.seq_id)
+            cached = request.prompt + request.generated[:-1]  # the last one was never fed
+            self.prefix.finished(request.seq_id, cached, completed)
         done = self._done(request, reason)
         if notify:
             self.outbox.append((request.conn, done))
@@ -313,6 +343,7 @@ class Scheduler:
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion,
                 total_tokens=prompt_tokens + completion,
+                prompt_tokens_details=PromptTokensDetails(cached_tokens=request.prefix_len),
             ),
             timings=Timings(
                 time_to_first_token_s=ttft,

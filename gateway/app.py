@@ -36,7 +36,9 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.rank_client = client
-    app.state.metrics = metrics.Metrics()
+    app.state.metrics = metrics.Metrics(
+        lambda: client.status.prefix_cache if client.status is not None else None
+    )
     app.state.started_at = int(time.time())
     for module in (chat, completions, models, health, info, metrics):
         app.include_router(module.router)

@@ -70,12 +70,19 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class PromptTokensDetails(BaseModel):
+    """Of the prompt tokens, how many came from the prefix cache (OpenAI's field)."""
+
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     """Token counts of one request (OpenAI's field names)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 # Why a request ended: EOS or a stop string, max_tokens, or cancelled at rank 0.
@@ -196,6 +203,22 @@ class RankStatus(BaseModel):
     share: str = ""
     weight_bytes: int = 0
     memory_bytes: int = 0
+    kv_bytes_per_token: int = 0  # this rank's KV per cached token; 0: no prefix cache
+    prefix_cache_bytes: int = 0  # this rank's prefix-cache budget
+
+
+class PrefixCacheStats(BaseModel):
+    """The prefix cache as rank 0 sees it (bytes are rank 0's own)."""
+
+    enabled: bool = False
+    budget_tokens: int = 0
+    entries: int = 0
+    cached_tokens: int = 0
+    bytes: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    misses: int = 0
+    evictions: int = 0
 
 
 class Status(_Message):
@@ -214,6 +237,7 @@ class Status(_Message):
     queued_requests: int = 0
     max_batch_size: int = 0
     last_step_ms: float | None = None
+    prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
     max_sequence_length: int = 0
     uptime_s: float = 0.0
 

@@ -23,6 +23,7 @@ from bench.loadgen import (
     essay_prompt,
     long_prompt,
     percentile,
+    run_conversation,
     run_load,
     summarize,
     table,
@@ -200,8 +201,12 @@ def test_loadgen_against_mlx_lm_server(tiny_model: Path, tmp_path: Path) -> None
     try:
         prompts = [essay_prompt(i, f"test{i}") for i in range(2)]
         results = asyncio.run(run_load(peer.endpoint, prompts, 2, 6))
+        turns = asyncio.run(run_conversation(peer.endpoint, "Be brief.", ["Hi", "More"], 4))
     finally:
         peer.stop()
+    # the second turn resends the first question and its answer
+    assert all(t.ok for t in turns) and turns[0].text
+    assert turns[1].prompt_tokens > turns[0].prompt_tokens + turns[0].completion_tokens
     assert peer.process is None
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
