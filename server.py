@@ -109,7 +109,7 @@ def main(settings: Settings) -> int:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
     with watchdog.guard("KV size probe (one-token forward)"):
-        per_token = kv_bytes_per_token(model)
+        per_token = kv_bytes_per_token(model, group)
     budget = rank_budget(
         settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
     )

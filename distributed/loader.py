@@ -61,10 +61,11 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def _materialize(model: nn.Module) -> None:
-    # Layer by layer, so a rank's peak stays near one full layer above its own share.
-    for layer in getattr(model, "layers", []):
-        mx.eval(layer.parameters())
-    mx.eval(model.parameters())
+    # Tensor by tensor: evaluating a slice reads its whole source tensor (a stacked expert
+    # projection can be gigabytes), so a rank's peak stays one source tensor above its share.
+    arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for _, array in arrays:
+        mx.eval(array)
 
 
 def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) -> nn.Module:

@@ -8,14 +8,10 @@ logits, a left-padded BatchKVCache prefill, and batched decode after merging KVC
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +19,11 @@ import numpy as np
 import pytest
 
 from launcher.command import ROOT as PROJECT_DIR
-from launcher.command import VENV_BIN, Job, blas_preload, blas_threads
+from tests.support.probe_runner import run_probe
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-PROBE = PROJECT_DIR / "tests" / "support" / "logits_probe.py"
 FLOAT_TOLERANCE = 1e-4
 # Ranks hold the very same quantized weights, so only the summation order differs; real
 # quantization noise (quantized vs float weights) is orders of magnitude larger.
@@ -98,62 +93,6 @@ def _spec(cases: list[dict], models: dict[str, Path]) -> dict:
     return {"prompt": PROMPT, "steps": 32, "batch_steps": 4, "cases": cases}
 
 
-def _environment(ranks: int) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return env | blas_preload(env) | blas_threads(ranks, env)
-
-
-def _run_probe(spec: dict, out: Path, ranks: int, timeout: float) -> None:
-    """Run the probe on `ranks` ranks (1: a plain process); fail with its log tail."""
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path = out / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    log_path = out / "probe.log"
-    program = [str(PROBE), str(spec_path), str(out)]
-    command = [str(VENV_BIN / "python"), *program]
-    if ranks > 1:
-        port = random.randint(20000, 60000 - ranks)
-        command = Job(program=program, port=port, ranks=ranks).argv()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=PROJECT_DIR,
-            env=_environment(ranks),
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    # A plain process (one rank) has no relay loop to stop.
-    deadline, nudged = time.monotonic() + timeout, ranks == 1
-    try:
-        while process.poll() is None:
-            if time.monotonic() > deadline:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                pytest.fail(f"probe on {ranks} ranks timed out:\n{_tail(log_path)}")
-            if not nudged and log_path.read_text(errors="replace").count("stdin detached") >= ranks:
-                # Every rank closed its stdin: one byte stops mlx.launch's busy relay loop.
-                with contextlib.suppress(OSError):
-                    process.stdin.write(b"\n")
-                    process.stdin.flush()
-                nudged = True
-            time.sleep(0.2)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-    assert process.returncode == 0, f"probe on {ranks} ranks failed:\n{_tail(log_path)}"
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    text = path.read_text(errors="replace").splitlines()
-    kept = [line for line in text if not line.startswith("[ring]")]
-    return "\n".join(kept[-lines:])
-
-
 def _smollm2_dir() -> Path:
     """The default model imported as float32 (resolved once, cached by acquisition.source)."""
     code = (
@@ -182,14 +121,14 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     models["smollm2"] = _smollm2_dir()
     outputs = {n: root / f"ranks{n}" for n in (1, 2, 3)}
     reference = [{"name": f"ref_{m}", "model": m} for m in models]
-    _run_probe(_spec(reference, models), outputs[1], 1, 300)
+    run_probe(_spec(reference, models), outputs[1], 1, 300)
     for ranks in (2, 3):
         cases = [
             {"name": c.name, "model": c.model, "parallelism": c.parallelism, "weights": c.weights}
             for c in CASES
             if c.ranks == ranks
         ]
-        _run_probe(_spec(cases, models), outputs[ranks], ranks, 480)
+        run_probe(_spec(cases, models), outputs[ranks], ranks, 480)
     return outputs
 
 
