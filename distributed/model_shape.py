@@ -86,18 +86,20 @@ class ModelShape(BaseModel):
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
         """Read a Hugging Face / mlx-lm config.json dictionary through the model's family."""
         from distributed.families import registered
+        from distributed.families.reading import text_view
 
         model_type = str(config.get("model_type", "unknown"))
         family = registered(model_type)
+        text = text_view(config)
         try:
-            fields = family.read(config) if family is not None else _generic(config)
+            fields = family.read(config) if family is not None else _generic(text)
             quant = _quantization(config)
             return cls(
                 model_type=model_type,
                 family=family.name if family is not None else "",
-                vocab_size=int(config.get("vocab_size") or 0),
-                num_layers=int(config["num_hidden_layers"]),
-                hidden_size=int(config["hidden_size"]),
+                vocab_size=int(text.get("vocab_size") or 0),
+                num_layers=int(text.get("num_hidden_layers") or text["num_layers"]),
+                hidden_size=int(text["hidden_size"]),
                 **quant,
                 **fields,
             )

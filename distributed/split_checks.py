@@ -43,15 +43,38 @@ def column_problems(size: int, unit: int, world: int, what: str) -> list[str]:
     return []
 
 
-def mlx_lm_problems(family: Family, config: dict, world: int, weights: list[float]) -> list[str]:
+# Column counts mlx-lm's shard() divides among the ranks (quantized: in whole groups).
+MLX_LM_COLUMNS = (
+    "intermediate_size",
+    "moe_intermediate_size",
+    "dense_intermediate_size",
+    "shared_intermediate_size",
+    "shared_expert_intermediate_size",
+    "share_expert_dim",
+)
+
+
+def mlx_lm_problems(
+    shape: ModelShape, family: Family, config: dict, world: int, weights: list[float]
+) -> list[str]:
     problems = []
     if len(set(weights)) != 1:
         problems.append(f"{family.name} splits only evenly (through mlx-lm's shard())")
-    text = config.get("text_config") or {}
+    text = {**(config.get("text_config") or {}), **config}
     for key in family.mlx_lm_shard_divides:
-        value = config.get(key, text.get(key))
+        value = text.get(key)
         if isinstance(value, int) and value % world:
             problems.append(f"{key}={value} does not divide by {world} ranks")
+    if shape.quantized and shape.group_size:
+        unit = world * shape.group_size
+        widths = {key: text.get(key) for key in MLX_LM_COLUMNS}
+        widths["attention output"] = shape.num_heads * shape.o_columns_per_head
+        for key, value in widths.items():
+            if isinstance(value, int) and value and value % unit:
+                problems.append(
+                    f"{key}={value} gives {world} ranks no whole quantization groups of "
+                    f"{shape.group_size}"
+                )
     return problems
 
 
@@ -60,7 +83,7 @@ def tensor_problems(
 ) -> list[str]:
     """Reasons a tensor (heads + experts) split cannot be honoured (empty when it can)."""
     if family.via_mlx_lm:
-        return mlx_lm_problems(family, config, world, weights)
+        return mlx_lm_problems(shape, family, config, world, weights)
     problems = []
     if not shape.is_moe:
         problems += head_problems(shape, world, weights)

@@ -72,3 +72,8 @@ def count_layers(config: dict[str, Any], is_moe: list[bool]) -> tuple[int, int]:
     """(dense layers, MoE layers)."""
     moe = sum(is_moe)
     return len(is_moe) - moe, moe
+
+
+def text_view(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's fields: nested `text_config` entries under the top level's."""
+    return {**(config.get("text_config") or {}), **config}

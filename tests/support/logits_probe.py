@@ -36,12 +36,8 @@ from distributed.hosts import gather_hosts  # noqa: E402
 from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
 from distributed.memory import activation_bytes, kv_bytes, predict_weight_bytes  # noqa: E402
 from distributed.plan import make_plan  # noqa: E402
+from engine.batch_caches import left_pad, merged  # noqa: E402
 from engine.prefix_store import kv_bytes_per_token  # noqa: E402
-
-
-def _merged(caches: list[list]) -> list:
-    """Per layer, the sequences' caches merged into one batch cache."""
-    return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]
 
 
 def _last(model, tokens: mx.array, cache) -> mx.array:
@@ -101,9 +97,8 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     longest = max(len(s) for s in sequences)
     padding = [longest - len(s) for s in sequences]
     padded = mx.array([[0] * p + s for p, s in zip(padding, sequences, strict=True)])
-    batch_cache = _merged([make_prompt_cache(model) for _ in sequences])
-    for layer in batch_cache:
-        layer.prepare(left_padding=padding)
+    batch_cache = merged([make_prompt_cache(model) for _ in sequences])
+    left_pad(batch_cache, padding)
     padded_logits = _last(model, padded, batch_cache)
 
     # Several forward calls, one eval at the end: the engine's step does the same.
@@ -114,11 +109,11 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     ]
     logits = mx.concatenate(rows, axis=0).astype(mx.float32)
     mx.eval(logits, [c.state for seq_cache in singles for c in seq_cache])
-    merged = _merged(singles)
+    batch = merged(singles)
     batch_logits = []
     for _ in range(spec["batch_steps"]):
         token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
-        logits = _last(model, token[:, None], merged)
+        logits = _last(model, token[:, None], batch)
         batch_logits.append(logits)
 
     info["load_s"] = round(loaded - started, 2)

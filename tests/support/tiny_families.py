@@ -164,6 +164,144 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# Families split through mlx-lm's own shard() (even tensor parallel): 4 query / 2 KV heads.
+SMALL_GQA = {**GQA, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+SMALL_MLA = {
+    **MLA,
+    "q_lora_rank": 64,
+    "n_shared_experts": 1,
+    "num_hidden_layers": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "rope_scaling": None,
+}
+LINEAR_ATTENTION = {
+    **SMALL_GQA,
+    "intermediate_size": 128,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "full_attention_interval": 2,
+    "tie_word_embeddings": False,
+    "vocab_size": 260,  # mlx-lm shards its head by vocabulary rows: they must divide
+}
+WINDOWS = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+MLX_LM_CONFIGS: dict[str, dict[str, Any]] = {
+    "ministral3": {
+        **SMALL_GQA,
+        "model_type": "ministral3",
+        "intermediate_size": 128,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 4096,
+        },
+    },
+    "exaone_moe": {
+        **SMALL_GQA,
+        **WINDOWS,
+        "model_type": "exaone_moe",
+        "intermediate_size": 128,
+        "moe_intermediate_size": 64,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+        "is_moe_layer": [False, True],
+    },
+    "step3p5": {
+        **SMALL_GQA,
+        **WINDOWS,
+        "model_type": "step3p5",
+        "num_attention_groups": 2,
+        "intermediate_size": 128,
+        "moe_num_experts": 8,
+        "moe_top_k": 2,
+        "moe_intermediate_size": 64,
+        "share_expert_dim": 64,
+        "moe_layers_enum": "1",
+    },
+    "iquestloopcoder": {
+        **SMALL_GQA,
+        "model_type": "iquestloopcoder",
+        "intermediate_size": 128,
+        "loop_window_size": 8,
+    },
+    "glm4_moe_lite": {**SMALL_MLA, "model_type": "glm4_moe_lite"},
+    "mistral4": {
+        **SMALL_MLA,
+        "model_type": "mistral4",
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "llama_4_scaling_beta": 0.1,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    },
+    "deepseek_v32": {
+        **SMALL_MLA,
+        "model_type": "deepseek_v32",
+        "index_head_dim": 32,
+        "index_n_heads": 4,
+        "index_topk": 8,
+    },
+    "kimi_k25": {"model_type": "kimi_k25", "text_config": {**SMALL_MLA, "model_type": "kimi_k2"}},
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "text_config": {**LINEAR_ATTENTION, "model_type": "qwen3_5_text"},
+    },
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            **LINEAR_ATTENTION,
+            "model_type": "qwen3_5_moe_text",
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+        },
+    },
+    "minimax_m3_vl": {
+        "model_type": "minimax_m3_vl",
+        "text_config": {
+            **SMALL_GQA,
+            "intermediate_size": 64,
+            "dense_intermediate_size": 128,
+            "shared_intermediate_size": 64,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "rotary_dim": 8,
+            "mlp_layer_types": ["dense", "sparse"],
+        },
+    },
+}
+
+
+# Families whose every layer keeps a plain KVCache (the prefix cache measures and serves
+# them); the others keep rotating windows, recurrent state or an indexer's cache too.
+PLAIN_KV = {
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v2",
+    "deepseek_v3",
+    "glm4_moe",
+    "minimax",
+    "ministral3",
+    "glm4_moe_lite",
+    "mistral4",
+    "kimi_k25",
+}
+
+
 def _module(model_type: str) -> Any:
     name = MODEL_REMAPPING.get(model_type, model_type)
     return __import__(f"mlx_lm.models.{name}", fromlist=["Model", "ModelArgs"])
@@ -198,13 +336,11 @@ def write_family_model(
     or mxfp4) to `directory`; returns it."""
     directory.mkdir(parents=True, exist_ok=True)
     vocab = write_byte_tokenizer(directory)
-    config = copy.deepcopy(CONFIGS[family])
+    config = copy.deepcopy(CONFIGS.get(family) or MLX_LM_CONFIGS[family])
     config = {key: value for key, value in config.items() if value is not None or key != "head_dim"}
-    config |= {
-        "vocab_size": vocab,
-        "eos_token_id": SPECIAL_TOKENS.index("<|im_end|>") + 256,
-        "bos_token_id": None,
-    }
+    text = config.get("text_config", config)
+    text["vocab_size"] = max(vocab, text.get("vocab_size", 0))
+    config |= {"eos_token_id": SPECIAL_TOKENS.index("<|im_end|>") + 256, "bos_token_id": None}
     module = _module(config["model_type"])
     model = module.Model(module.ModelArgs.from_dict(config))
     randomize(model, seed)
