@@ -45,15 +45,16 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(array.nbytes for _, array in arrays)
 
 
-def predict_weight_bytes(model_dir: Path, plan: Plan) -> list[int]:
-    """Each rank's weight bytes under `plan`, from the headers alone."""
+def predict_weight_bytes(model_dir: Path, plan: Plan, ranks: list[int] | None = None) -> list[int]:
+    """The weight bytes of each of `ranks` (default: every rank) under `plan`, from the
+    headers alone."""
     from mlx_lm.utils import load_model
 
     from distributed.pipeline import PipelineStage
     from distributed.tensor_parallel import shard_model
 
     out = []
-    for rank in range(plan.world_size):
+    for rank in range(plan.world_size) if ranks is None else ranks:
         model, _ = load_model(Path(model_dir), lazy=True)
         group = StandInGroup(rank, plan.world_size)
         if plan.is_tensor:

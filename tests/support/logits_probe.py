@@ -72,7 +72,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         "strategy": plan.strategy,
         "split_heads": plan.split_heads,
         "weight_bytes": weight_bytes(model),
-        "predicted_weight_bytes": predict_weight_bytes(model_dir, plan)[rank],
+        "predicted_weight_bytes": predict_weight_bytes(model_dir, plan, [rank])[0],
         "active_bytes": mx.get_active_memory(),
         "peak_load_bytes": mx.get_peak_memory(),
         "memory_gib": [host.memory_bytes / 2**30 for host in gather_hosts(group)],
