@@ -119,13 +119,3 @@ def shard_moe_block(
         elif (start, end) != (0, int(shared_mlp.gate_proj.weight.shape[0])):
             keep_mlp_columns(shared_mlp, DenseParts(), start, end, rank == 0)
     setattr(layer, parts.block, ExpertParallelBlock(block, group))
-
-
-def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
-    """Give every LocalExperts of `model` the watchdog guard; returns how many."""
-    count = 0
-    for _, module in model.named_modules():
-        if isinstance(module, LocalExperts):
-            module.eval_guard = guard
-            count += 1
-    return count

@@ -16,6 +16,7 @@ from mlx_lm.utils import load_model
 
 from acquisition.source import ModelSourceError, resolve_model
 from config import Settings
+from distributed.expert_parallel import EvalGuard, LocalExperts
 from distributed.hosts import RankHost, gather_hosts
 from distributed.pipeline import PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
@@ -58,6 +59,18 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes of the parameters this rank holds (its weight memory)."""
     arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
     return sum(array.nbytes for _, array in arrays)
+
+
+def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
+    """Give every part of `model` that evaluates inside the forward pass (pipeline stages'
+    sends and receives, expert routing) the watchdog's guard; returns how many."""
+    parts = [model] + [module for _, module in model.named_modules()]
+    count = 0
+    for part in parts:
+        if isinstance(part, PipelineStage | LocalExperts):
+            part.eval_guard = guard
+            count += 1
+    return count
 
 
 def _materialize(model: nn.Module) -> None:

@@ -16,8 +16,6 @@ import json
 import struct
 from pathlib import Path
 
-import mlx.nn as nn
-from mlx.utils import tree_flatten
 from pydantic import BaseModel
 
 from distributed.hosts import RankHost
@@ -40,16 +38,12 @@ class StandInGroup:
         return self._size
 
 
-def parameter_bytes(model: nn.Module) -> int:
-    arrays = tree_flatten(model.parameters())
-    return sum(array.nbytes for _, array in arrays)
-
-
 def predict_weight_bytes(model_dir: Path, plan: Plan, ranks: list[int] | None = None) -> list[int]:
     """The weight bytes of each of `ranks` (default: every rank) under `plan`, from the
     headers alone."""
     from mlx_lm.utils import load_model
 
+    from distributed.loader import weight_bytes
     from distributed.pipeline import PipelineStage
     from distributed.tensor_parallel import shard_model
 
@@ -61,7 +55,7 @@ def predict_weight_bytes(model_dir: Path, plan: Plan, ranks: list[int] | None = 
             model = shard_model(model, plan, group)  # type: ignore[arg-type]
         elif plan.strategy == "pipeline":
             model = PipelineStage(model, plan, group)  # type: ignore[arg-type]
-        out.append(parameter_bytes(model))
+        out.append(weight_bytes(model))
     return out
 
 

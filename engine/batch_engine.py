@@ -27,7 +27,7 @@ PHASE_DECODE = 1
 
 def _cache_arrays(cache: list) -> list[mx.array]:
     """Every array a sequence's caches hold (keys and values, recurrent state, indexers)."""
-    arrays = tree_flatten([layer.state for layer in cache])
+    arrays: list[tuple[str, object]] = tree_flatten([layer.state for layer in cache])  # type: ignore[assignment]
     return [array for _, array in arrays if isinstance(array, mx.array)]
 
 

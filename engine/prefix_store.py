@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 log = logging.getLogger("ring.prefix")
@@ -39,7 +40,7 @@ def kv_bytes_per_token(
     refusals = 0 if mine else 1
     if group is not None and group.size() > 1:
         votes = mx.distributed.all_sum(mx.array([refusals]), group=group)
-        refusals = int(votes.item())
+        refusals = int(np.array(votes).sum())
     if refusals:
         kinds = ", ".join(sorted({type(cache).__name__ for cache in caches}))
         log.info(

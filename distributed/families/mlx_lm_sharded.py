@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import gqa, text_view
-from distributed.families.spec import Family, ShapeFields, first
+from distributed.families.spec import Family, ShapeFields, Split, first
 
-TENSOR_EVEN = frozenset({"tensor-even"})
+TENSOR_EVEN: frozenset[Split] = frozenset({"tensor-even"})
 
 
 def read_gqa(config: dict[str, Any]) -> ShapeFields:
