@@ -16,11 +16,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
+from launcher.local_cluster import Cluster
 from tests.support.probe_runner import run_probe
 from tests.support.tiny_families import CONFIGS, MLX_LM_CONFIGS, PLAIN_KV, write_family_model
+from tests.test_server_cluster import greedy, run_requests
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -153,3 +156,38 @@ def test_tiny_moe_ranks_hold_their_weighted_share(results: dict[int, Path], mode
     for count, weight in zip(held, weights, strict=True):
         share = single * weight / sum(weights)
         assert count <= SHARE_LIMIT * share, (held, single)
+
+
+# ---- the real server on an MoE family ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_server(tmp_path_factory: pytest.TempPathFactory):
+    """2 ranks of server.py serving the tiny deepseek_v2 (MLA by heads, experts, shared
+    experts, a dense first layer), whose special tokens never win (answers run to max)."""
+    directory = write_family_model(tmp_path_factory.mktemp("dsv2") / "model", "deepseek_v2")
+    path = directory / "model.safetensors"
+    weights = mx.load(str(path))
+    weights["lm_head.weight"][256:] = 0.0
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    env = {
+        "MAX_BATCH_SIZE": "4",
+        "PREFILL_CHUNK_SIZE": "16",
+        "MAX_SEQUENCE_LENGTH": "512",
+        "DEFAULT_MAX_TOKENS": "64",
+    }
+    with Cluster(directory, ranks=2, env=env) as running:
+        yield running
+
+
+def test_the_server_batches_cancels_and_caches_prefixes_on_an_moe_family(moe_server) -> None:
+    plan = moe_server.status().plan
+    assert plan["split_experts"] and plan["split_heads"] and plan["split_vocab"]
+    prompt = "Tell me about the rings of Saturn and their moons. " * 2
+    with moe_server.client(timeout=120) as client:
+        _, alone, _ = run_requests(client, [greedy("alone", prompt, 16)])
+        batch = [greedy("a", prompt, 16), greedy("b", "Short one", 24), greedy("c", "x" * 40, 24)]
+        _, tokens, final = run_requests(client, batch, cancel_after={"c": 3})
+    assert tokens["a"] == alone["alone"], "a request decoded in a batch differs from alone"
+    assert [final[i].finish_reason for i in "abc"] == ["length", "length", "cancelled"]
+    assert final["a"].usage.prompt_tokens_details.cached_tokens > 0  # MLA KV reused
