@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,15 +74,30 @@ def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
     return count
 
 
-def _materialize(model: nn.Module) -> None:
-    # Tensor by tensor: evaluating a slice reads its whole source tensor (a stacked expert
-    # projection can be gigabytes), so a rank's peak stays one source tensor above its share.
-    arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+Progress = Callable[[int, int], None]  # (layers loaded, layers in all)
+
+
+def _evaluate_each(module: nn.Module) -> None:
+    arrays: list[tuple[str, mx.array]] = tree_flatten(module.parameters())  # type: ignore[assignment]
     for _, array in arrays:
         mx.eval(array)
 
 
-def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) -> nn.Module:
+def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
+    # Layer by layer and tensor by tensor: evaluating a slice reads its whole source tensor
+    # (a stacked expert projection can be gigabytes), so a rank's peak stays one source
+    # tensor above its own share.
+    layers = [layer for layer in getattr(model, "layers", []) if layer is not None]
+    for done, layer in enumerate(layers, start=1):
+        _evaluate_each(layer)
+        if progress is not None:
+            progress(done, len(layers))
+    _evaluate_each(model)
+
+
+def load_rank_model(
+    model_dir: Path, group: mx.distributed.Group, plan: Plan, progress: Progress | None = None
+) -> nn.Module:
     """This rank's part of the model in `model_dir` per `plan`, evaluated, after a barrier.
 
     Called like an mlx-lm model: `model(tokens, cache=cache)` returns logits whose last
@@ -102,7 +118,7 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
         model = shard_model(model, plan, group)
     elif plan.strategy == "pipeline":
         model = PipelineStage(model, plan, group)
-    _materialize(model)
+    _materialize(model, progress)
     log.info(
         "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s",
         group.rank(),
@@ -115,8 +131,11 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
     return model
 
 
-def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.Module, ModelInfo]:
-    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step."""
+def load_for_rank(
+    settings: Settings, group: mx.distributed.Group, progress: Progress | None = None
+) -> tuple[nn.Module, ModelInfo]:
+    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step;
+    `progress(done, total)` follows the layers it materializes."""
     try:
         model_dir = Path(resolve_model(settings))
     except ModelSourceError as exc:
@@ -128,7 +147,7 @@ def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.M
         plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
-    model = load_rank_model(model_dir, group, plan)
+    model = load_rank_model(model_dir, group, plan, progress)
     info = ModelInfo(
         model_id=settings.model or model_dir.name,
         path=model_dir,
