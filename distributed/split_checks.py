@@ -51,6 +51,8 @@ MLX_LM_COLUMNS = (
     "shared_intermediate_size",
     "shared_expert_intermediate_size",
     "share_expert_dim",
+    "ffn_hidden_size",
+    "expert_ffn_hidden_size",
 )
 
 

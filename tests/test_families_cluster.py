@@ -1,6 +1,7 @@
 """Every registered family split for real (mlx.launch, ring backend, 127.0.0.1) against one rank.
 
-Tiny random models of each family (float32 and 4-bit; mxfp4 for gpt_oss) run through
+Tiny random models of each family (float32 and 4-bit; mxfp4 for gpt_oss, also in the
+layout its Hugging Face checkpoints ship: mxfp4 expert blocks, the rest float) run through
 tests/support/logits_probe.py: one reference process, one 2-rank launch (auto, which is
 tensor + expert parallel, and pipeline; the families split by mlx-lm's shard(): even tensor)
 and one 3-rank launch (tensor + expert parallel with weights 2,1,1). Each case must give
@@ -38,6 +39,7 @@ MODELS: dict[str, tuple[str, int | None, str]] = {
     for tag, bits in (("f32", None), ("q4", 4))
 }
 MODELS["gpt_oss_mxfp4"] = ("gpt_oss", 4, "mxfp4")
+MODELS["gpt_oss_hf_mxfp4"] = ("gpt_oss", 4, "hf-mxfp4")  # as gpt-oss ships: only experts mxfp4
 MODELS |= {f"{family}_f32": (family, None, "affine") for family in MLX_LM_CONFIGS}
 # Three ranks on this machine's two cores take turns at every collective (about 5 s a case):
 # at 3 ranks, the 4-bit models run where quantization takes its own path through the split

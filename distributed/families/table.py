@@ -56,7 +56,8 @@ def table() -> str:
             )
         row = [family.name, ", ".join(f"`{t}`" for t in family.model_types)]
         row += [_cell(family, split) for split in SPLITS]
-        row += [_cache(family) if not family.via_mlx_lm else "as mlx-lm", "; ".join(parts) or "-"]
+        described = "; ".join(parts) if not family.via_mlx_lm else family.note
+        row += [_cache(family) if not family.via_mlx_lm else "as mlx-lm", described or "-"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

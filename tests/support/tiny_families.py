@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import MODEL_REMAPPING, quantize_model
 
@@ -284,6 +285,35 @@ MLX_LM_CONFIGS: dict[str, dict[str, Any]] = {
         },
     },
 }
+MLX_LM_CONFIGS["longcat_flash"] = {
+    "model_type": "longcat_flash",
+    "attention_method": "MLA",
+    "zero_expert_type": "identity",
+    "hidden_size": HIDDEN,
+    "ffn_hidden_size": 128,
+    "moe_topk": 2,
+    "expert_ffn_hidden_size": 64,
+    "n_routed_experts": 8,
+    "zero_expert_num": 2,
+    "num_layers": 2,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 4,
+    "kv_lora_rank": 64,
+    "q_lora_rank": 64,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "routed_scaling_factor": 1.0,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "mla_scale_q_lora": True,
+    "mla_scale_kv_lora": True,
+    "attention_bias": False,
+}
+MLX_LM_CONFIGS["longcat_flash_ngram"] = {
+    **MLX_LM_CONFIGS["longcat_flash"],
+    "model_type": "longcat_flash_ngram",
+}
 
 
 # Families whose every layer keeps a plain KVCache (the prefix cache measures and serves
@@ -329,11 +359,44 @@ def randomize(model: Any, seed: int) -> None:
     model.update(tree_unflatten(fresh))
 
 
+def _hf_mxfp4_experts(weights: dict[str, mx.array], layers: int) -> dict[str, mx.array]:
+    """gpt-oss experts as its Hugging Face checkpoints ship them: mxfp4 blocks of 16 bytes
+    and byte scales, gate and up rows interleaved in one gate_up_proj (mlx-lm's sanitize
+    turns them back into gate_proj/up_proj)."""
+
+    def blocks(packed: mx.array) -> mx.array:  # uint32 [E, out, in/8] -> uint8 [.., in/32, 16]
+        raw = packed.view(mx.uint8)
+        return raw.reshape(*raw.shape[:-1], -1, 16)
+
+    def interleave(gate: mx.array, up: mx.array) -> mx.array:  # rows g0, u0, g1, u1, ...
+        both = mx.stack([gate, up], axis=2)
+        return both.reshape(gate.shape[0], 2 * gate.shape[1], *gate.shape[2:])
+
+    out = {k: v for k, v in weights.items() if ".mlp.experts." not in k}
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}.mlp.experts"
+        gate, up, down = (f"{prefix}.{name}" for name in ("gate_proj", "up_proj", "down_proj"))
+        out[f"{prefix}.gate_up_proj_blocks"] = blocks(
+            interleave(weights[f"{gate}.weight"], weights[f"{up}.weight"])
+        )
+        out[f"{prefix}.gate_up_proj_scales"] = interleave(
+            weights[f"{gate}.scales"], weights[f"{up}.scales"]
+        )
+        out[f"{prefix}.gate_up_proj_bias"] = interleave(
+            weights[f"{gate}.bias"], weights[f"{up}.bias"]
+        )
+        out[f"{prefix}.down_proj_blocks"] = blocks(weights[f"{down}.weight"])
+        out[f"{prefix}.down_proj_scales"] = weights[f"{down}.scales"]
+        out[f"{prefix}.down_proj_bias"] = weights[f"{down}.bias"]
+    return out
+
+
 def write_family_model(
     directory: Path, family: str, *, bits: int | None = None, mode: str = "affine", seed: int = 0
 ) -> Path:
     """Write the tiny `family` model (float32, or quantized: 4-bit affine with groups of 32,
-    or mxfp4) to `directory`; returns it."""
+    or mxfp4; "hf-mxfp4": gpt-oss's Hugging Face layout, only the experts mxfp4) to
+    `directory`; returns it."""
     directory.mkdir(parents=True, exist_ok=True)
     vocab = write_byte_tokenizer(directory)
     config = copy.deepcopy(CONFIGS.get(family) or MLX_LM_CONFIGS[family])
@@ -344,11 +407,17 @@ def write_family_model(
     module = _module(config["model_type"])
     model = module.Model(module.ModelArgs.from_dict(config))
     randomize(model, seed)
-    if bits is not None:
+    if mode == "hf-mxfp4":
+        experts = ("experts.gate_proj", "experts.up_proj", "experts.down_proj")
+        nn.quantize(model, 32, 4, mode="mxfp4", class_predicate=lambda p, _: p.endswith(experts))
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+    elif bits is not None:
         group = 32
         model, config = quantize_model(model, config, group, bits, mode=mode)
     mx.eval(model.parameters())
     weights = dict(tree_flatten(model.parameters()))
+    if mode == "hf-mxfp4":
+        weights = _hf_mxfp4_experts(weights, config["num_hidden_layers"])
     mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "mlx"})
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
