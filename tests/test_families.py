@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from config.settings import Settings
 from distributed.families import FAMILIES, model_types, registered
@@ -195,3 +197,68 @@ def test_plan_command_prints_memory_and_exits_2_when_short(
     huge = Settings(_env_file=None, num_devices=2, max_sequence_length=10**9, max_batch_size=256)
     assert check(huge, tiny_moe) == 2
     assert "short by" in capsys.readouterr().err
+
+
+moe_configs = st.builds(
+    lambda kv, group, experts, shared, layers, dense, bits: {
+        **QWEN3_30B_A3B,
+        "model_type": "glm4_moe",
+        "hidden_size": 256,
+        "num_key_value_heads": kv,
+        "num_attention_heads": kv * group,
+        "head_dim": 64,
+        "n_routed_experts": experts,
+        "moe_intermediate_size": 128,
+        "n_shared_experts": shared,
+        "num_hidden_layers": layers,
+        "first_k_dense_replace": min(dense, layers - 1),
+        "intermediate_size": 512,
+        **({"quantization": {"group_size": 64, "bits": bits}} if bits else {}),
+    },
+    kv=st.integers(1, 8),
+    group=st.integers(1, 4),
+    experts=st.integers(1, 64),
+    shared=st.integers(0, 2),
+    layers=st.integers(2, 12),
+    dense=st.integers(0, 3),
+    bits=st.sampled_from([None, 4]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cfg=moe_configs, weights=st.lists(st.floats(0.2, 5), min_size=2, max_size=6))
+def test_every_moe_plan_gives_each_expert_row_and_column_to_one_rank(
+    cfg: dict, weights: list[float]
+) -> None:
+    try:
+        plan = make_plan(cfg, len(weights), weights, "tensor")
+    except PlanError as exc:
+        assert "What would work" in str(exc)
+        assert cfg["n_routed_experts"] < len(weights) or "MLP" in str(exc)
+        return
+    ranks = plan.ranks
+    assert _covers([r.experts for r in ranks], cfg["n_routed_experts"])
+    assert _covers([r.vocab for r in ranks], cfg["vocab_size"])
+    shared = [r.shared_columns for r in ranks]
+    width = cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
+    assert _covers(shared, width) or shared == [(0, width)] + [(0, 0)] * (len(ranks) - 1)
+    if plan.split_heads:
+        assert _covers([r.kv_heads for r in ranks], cfg["num_key_value_heads"])
+    else:
+        assert all(r.kv_heads == (0, cfg["num_key_value_heads"]) for r in ranks)
+    # Weight follows the experts: a heavier rank never holds fewer experts.
+    counts = [end - start for start, end in (r.experts for r in ranks)]
+    if cfg["n_routed_experts"] >= 4 * len(weights):
+        for i in range(len(weights) - 1):
+            if weights[i] > 1.5 * weights[i + 1]:
+                assert counts[i] >= counts[i + 1], (weights, counts)
+
+
+def _covers(spans: list[tuple[int, int]], total: int) -> bool:
+    """Contiguous, non-empty ranges from 0 to `total`."""
+    return (
+        spans[0][0] == 0
+        and spans[-1][1] == total
+        and all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
+        and all(start < end for start, end in spans)
+    )

@@ -14,7 +14,6 @@ ranks must hold their weighted share.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 
 from launcher.local_cluster import Cluster
-from tests.support.probe_runner import run_probe
+from tests.support.probe_runner import Case, run_probe
 from tests.support.tiny_families import CONFIGS, MLX_LM_CONFIGS, PLAIN_KV, write_family_model
 from tests.test_server_cluster import greedy, run_requests
 
@@ -47,22 +46,8 @@ MODELS |= {f"{family}_f32": (family, None, "affine") for family in MLX_LM_CONFIG
 THREE_RANK_QUANTIZED = {"qwen3_moe_q4", "mixtral_q4", "deepseek_v3_q4", "gpt_oss_mxfp4"}
 
 
-@dataclass(frozen=True)
-class Case:
-    model: str
-    ranks: int
-    parallelism: str
-    weights: list[float] | None
-    strategy: str
-
-    @property
-    def name(self) -> str:
-        suffix = "w" if self.weights else ""
-        return f"{self.model}_{self.parallelism}{self.ranks}{suffix}"
-
-    @property
-    def family(self) -> str:
-        return MODELS[self.model][0]
+def _family(case: Case) -> str:
+    return MODELS[case.model][0]
 
 
 CASES = [
@@ -97,11 +82,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     outputs = {n: root / f"ranks{n}" for n in (1, 2, 3)}
     run_probe(_spec([{"name": f"ref_{m}", "model": m} for m in models], models), outputs[1], 1, 300)
     for ranks in (2, 3):
-        cases = [
-            {"name": c.name, "model": c.model, "parallelism": c.parallelism, "weights": c.weights}
-            for c in CASES
-            if c.ranks == ranks
-        ]
+        cases = [c.spec() for c in CASES if c.ranks == ranks]
         run_probe(_spec(cases, models), outputs[ranks], ranks, 600)
     return outputs
 
@@ -127,7 +108,7 @@ def test_split_family_matches_one_rank(results: dict[int, Path], case: Case) -> 
     got = np.load(results[case.ranks] / f"{case.name}.npz")
     want, _ = _reference(results, case.model)
     assert got["tokens"].tolist() == want["tokens"].tolist(), "32 greedy tokens differ"
-    tolerance = FLOAT_TOLERANCE if case.model.endswith("_f32") else QUANT_TOLERANCE
+    tolerance = QUANT_TOLERANCE if case.quantized else FLOAT_TOLERANCE
     for key in ("prompt_logits", "step_logits", "padded_logits", "batch_logits"):
         assert _diff(got[key], want[key]) <= tolerance, f"{key} differs"
     # The full prompt decoded in a batch beside a shorter one equals it decoded alone.
@@ -142,7 +123,7 @@ def test_memory_matches_the_prediction_from_the_headers(
 ) -> None:
     for rank, info in enumerate(_infos(results, case)):
         assert info["weight_bytes"] == info["predicted_weight_bytes"], (case.name, rank)
-        if case.family in PLAIN_KV:
+        if _family(case) in PLAIN_KV:
             assert info["kv_bytes_per_token"] == info["predicted_kv_bytes_per_token"] > 0
         else:
             assert info["kv_bytes_per_token"] == 0  # prefix cache off on every rank

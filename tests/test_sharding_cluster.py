@@ -12,14 +12,13 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from launcher.command import ROOT as PROJECT_DIR
-from tests.support.probe_runner import run_probe
+from tests.support.probe_runner import Case, run_probe
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -53,36 +52,22 @@ PROMPT = [60, 124, 105, 109, 95, 115, 116, 97, 114, 116, 124, 62, 117, 115, 101,
 SMOL_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 2, 198, 1, 4093]
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    model: str
-    ranks: int
-    parallelism: str
-    weights: list[float] | None
-    strategy: str
-
-    @property
-    def quantized(self) -> bool:
-        return "_q4" in self.model
-
-
 CASES = [
-    Case("llama_f32_tensor2", "llama_f32", 2, "tensor", None, "tensor-even"),
-    Case("llama_q4_tensor2", "llama_q4", 2, "tensor", None, "tensor-even"),
-    Case("qwen3_f32_tensor2", "qwen3_f32", 2, "tensor", None, "tensor-uneven"),
-    Case("qwen3_q4_tensor2", "qwen3_q4", 2, "tensor", None, "tensor-uneven"),
-    Case("llama_f32_pipeline2", "llama_f32", 2, "pipeline", None, "pipeline"),
-    Case("qwen3_q4_pipeline2", "qwen3_q4", 2, "pipeline", None, "pipeline"),
-    Case("smol_tensor2", "smollm2", 2, "tensor", None, "tensor-uneven"),
-    Case("smol_pipeline2", "smollm2", 2, "pipeline", None, "pipeline"),
-    Case("qwen3_f32_tensor3w", "qwen3_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
-    Case("qwen3_q4_tensor3w", "qwen3_q4", 3, "tensor", [2, 1, 1], "tensor-uneven"),
-    Case("qwen2_f32_tensor3w", "qwen2_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
-    Case("llama_q4_pipeline3w", "llama_q4", 3, "pipeline", [2, 1, 1], "pipeline"),
-    Case("qwen3_f32_pipeline3", "qwen3_f32", 3, "pipeline", None, "pipeline"),
-    Case("smol_tensor3w", "smollm2", 3, "tensor", [2, 1, 1], "tensor-uneven"),
-    Case("smol_pipeline3w", "smollm2", 3, "pipeline", [2, 1, 1], "pipeline"),
+    Case("llama_f32", 2, "tensor", None, "tensor-even"),
+    Case("llama_q4", 2, "tensor", None, "tensor-even"),
+    Case("qwen3_f32", 2, "tensor", None, "tensor-uneven"),
+    Case("qwen3_q4", 2, "tensor", None, "tensor-uneven"),
+    Case("llama_f32", 2, "pipeline", None, "pipeline"),
+    Case("qwen3_q4", 2, "pipeline", None, "pipeline"),
+    Case("smollm2", 2, "tensor", None, "tensor-uneven"),
+    Case("smollm2", 2, "pipeline", None, "pipeline"),
+    Case("qwen3_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("qwen3_q4", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("qwen2_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("llama_q4", 3, "pipeline", [2, 1, 1], "pipeline"),
+    Case("qwen3_f32", 3, "pipeline", None, "pipeline"),
+    Case("smollm2", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("smollm2", 3, "pipeline", [2, 1, 1], "pipeline"),
 ]
 
 
@@ -123,11 +108,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     reference = [{"name": f"ref_{m}", "model": m} for m in models]
     run_probe(_spec(reference, models), outputs[1], 1, 300)
     for ranks in (2, 3):
-        cases = [
-            {"name": c.name, "model": c.model, "parallelism": c.parallelism, "weights": c.weights}
-            for c in CASES
-            if c.ranks == ranks
-        ]
+        cases = [c.spec() for c in CASES if c.ranks == ranks]
         run_probe(_spec(cases, models), outputs[ranks], ranks, 480)
     return outputs
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distributed.families.reading import experts, gqa, router_params, sliding
+from distributed.families.reading import experts_in_every_layer, gqa, sliding
 from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
 
 
@@ -19,16 +19,14 @@ def read(config: dict[str, Any]) -> ShapeFields:
         "head_dim": 64,
         "sliding_window": 128,
         **config,
+        "num_hidden_layers": layers,
     }
     kinds = config.get("layer_types") or ["sliding_attention", "full_attention"] * (layers // 2)
-    fields = gqa(config, per_head=1)
-    fields["fixed_layer_params"] += router_params(config, "num_local_experts")
+    attention = gqa(config, per_head=1)  # one sink per query head
+    experts = config["num_local_experts"]  # the router's bias
     return {
-        **fields,
-        "intermediate_size": 0,
-        "dense_layers": 0,
-        **experts(
-            config, count_key="num_local_experts", size_key="intermediate_size", moe_layers=layers
+        **experts_in_every_layer(
+            config, attention, count_key="num_local_experts", extra_router=experts
         ),
         **sliding(config, kinds),
         "tie_word_embeddings": False,

@@ -7,22 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from distributed.families.reading import experts, gqa, router_params
+from distributed.families.reading import experts_in_every_layer, gqa
 from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
-    layers = int(config["num_hidden_layers"])
-    fields = gqa(config)
-    fields["fixed_layer_params"] += router_params(config, "num_local_experts") + int(
-        config["num_local_experts"]
-    )
+    correction = int(config["num_local_experts"])  # the block's e_score_correction_bias
     return {
-        **fields,
-        "intermediate_size": 0,
-        "dense_layers": 0,
-        **experts(
-            config, count_key="num_local_experts", size_key="intermediate_size", moe_layers=layers
+        **experts_in_every_layer(
+            config, gqa(config), count_key="num_local_experts", extra_router=correction
         ),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
     }

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from distributed.families.reading import experts, gqa, router_params
+from distributed.families.reading import experts_in_every_layer, gqa
 from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
     config = {"num_local_experts": 8, "num_experts_per_tok": 2, **config}
     heads = int(config["num_attention_heads"])
-    layers = int(config["num_hidden_layers"])
-    fields = gqa(config, head_dim=int(config["hidden_size"]) // heads)
-    fields["fixed_layer_params"] += router_params(config, "num_local_experts")
+    attention = gqa(config, head_dim=int(config["hidden_size"]) // heads)
     return {
-        **fields,
-        "intermediate_size": 0,
-        "dense_layers": 0,
-        **experts(
-            config, count_key="num_local_experts", size_key="intermediate_size", moe_layers=layers
-        ),
+        **experts_in_every_layer(config, attention, count_key="num_local_experts"),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
     }
 

@@ -53,6 +53,22 @@ def experts(
     }
 
 
+def experts_in_every_layer(
+    config: dict[str, Any], fields: ShapeFields, *, count_key: str, extra_router: int = 0
+) -> ShapeFields:
+    """`fields` (the attention's) plus routed experts of `intermediate_size` columns in every
+    layer and no dense MLP (mixtral, gpt_oss, minimax); the router (and `extra_router`
+    values beside it, e.g. a correction bias) stays whole on every rank."""
+    layers = int(config["num_hidden_layers"])
+    fields["fixed_layer_params"] += router_params(config, count_key) + extra_router
+    return {
+        **fields,
+        "intermediate_size": 0,
+        "dense_layers": 0,
+        **experts(config, count_key=count_key, size_key="intermediate_size", moe_layers=layers),
+    }
+
+
 def router_params(config: dict[str, Any], count_key: str) -> int:
     return int(config[count_key]) * int(config["hidden_size"])
 

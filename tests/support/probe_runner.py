@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,34 @@ from launcher.command import ROOT as PROJECT_DIR
 from launcher.command import VENV_BIN, Job, blas_preload, blas_threads
 
 PROBE = PROJECT_DIR / "tests" / "support" / "logits_probe.py"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One split of one model: what the probe runs and the plan strategy a test expects."""
+
+    model: str
+    ranks: int
+    parallelism: str
+    weights: list[float] | None
+    strategy: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}_{self.parallelism}{self.ranks}{'w' if self.weights else ''}"
+
+    @property
+    def quantized(self) -> bool:
+        return "_q4" in self.model or "mxfp4" in self.model
+
+    def spec(self) -> dict:
+        """The probe's entry for this case (its `model` still a key of the caller's models)."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "parallelism": self.parallelism,
+            "weights": self.weights,
+        }
 
 
 def _environment(ranks: int) -> dict[str, str]:
