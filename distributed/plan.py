@@ -22,7 +22,6 @@ from pydantic import BaseModel
 
 from config.settings import Parallelism, RankWeights, parse_rank_weights
 from distributed.families import registered
-from distributed.families.spec import Family
 from distributed.hosts import RankHost, crowded_host, this_host
 from distributed.model_shape import ModelShape, PlanError
 from distributed.shares import Span, apportion, balance, spans, split
@@ -238,7 +237,7 @@ def make_plan(
     if use_tensor:
         if family.via_mlx_lm:
             return _mlx_lm_plan(shape, world_size, weights, parallelism)
-        return _tensor_plan(shape, family, world_size, weights, parallelism)
+        return _tensor_plan(shape, world_size, weights, parallelism)
     return _pipeline_plan(shape, world_size, weights, parallelism)
 
 
@@ -283,40 +282,38 @@ def _mlx_lm_plan(shape: ModelShape, world: int, weights: list[float], asked: str
     )
 
 
-def _tensor_plan(
-    shape: ModelShape, family: Family, world: int, weights: list[float], asked: str
-) -> Plan:
-    heads_problems = head_problems(shape, world, weights)
-    split_heads = not heads_problems
+def _fine_weights(
+    shape: ModelShape, weights: list[float], kv: list[int], experts: list[int], split_shared: bool
+) -> list[float]:
+    """Weights for the MLP columns, shared-expert columns and vocabulary rows that even out
+    each rank's parameters, given its whole KV heads and experts (shares.balance)."""
     layers, hidden = shape.num_layers, shape.hidden_size
     # What every rank holds whatever the split: norms, routers, low-rank projections, and the
     # attention itself when its heads cannot split.
     fixed = float(shape.fixed_layer_params * layers + hidden)
     attention = shape.head_group_params * layers
-    kv = apportion(shape.num_kv_heads, weights) if split_heads else [0] * world
-    if not split_heads:
+    if not sum(kv):
         fixed += attention * shape.num_kv_heads
-    held = [fixed + n * attention for n in kv]
+    expert = 3 * hidden * shape.expert_size * shape.moe_layers
+    held = [fixed + h * attention + e * expert for h, e in zip(kv, experts, strict=True)]
+    shared = 3 * hidden * shape.shared_size * shape.moe_layers
+    if not split_shared:
+        held[0] += shared  # whole on rank 0
+    rows = (1 if shape.tie_word_embeddings else 2) * hidden * shape.vocab_size
+    columns = 3 * hidden * shape.intermediate_size * shape.dense_layer_count
+    return balance(weights, held, columns + rows + (shared if split_shared else 0))
+
+
+def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+    heads_problems = head_problems(shape, world, weights)
+    split_heads = not heads_problems
+    kv = apportion(shape.num_kv_heads, weights) if split_heads else [0] * world
     experts = apportion(shape.num_experts, weights) if shape.is_moe else [0] * world
-    expert_params = 3 * hidden * shape.expert_size * shape.moe_layers
-    held = [h + n * expert_params for h, n in zip(held, experts, strict=True)]
     unit = shape.mlp_unit
     split_shared = bool(shape.shared_size) and not column_problems(
         shape.shared_size, unit, world, "shared expert"
     )
-    if shape.shared_size and not split_shared:
-        held[0] += 3 * hidden * shape.shared_size * shape.moe_layers  # whole on rank 0
-    vocab_rows = 1 if shape.tie_word_embeddings else 2
-    fine = (
-        3
-        * hidden
-        * (
-            shape.intermediate_size * shape.dense_layer_count
-            + (shape.shared_size * shape.moe_layers if split_shared else 0)
-        )
-        + vocab_rows * hidden * shape.vocab_size
-    )
-    fine_weights = balance(weights, held, fine)
+    fine_weights = _fine_weights(shape, weights, kv, experts, split_shared)
     kv_spans = _spans_or_none(kv, world)
     group = shape.num_heads // shape.num_kv_heads
     mlp = (
