@@ -11,18 +11,15 @@ fine units (columns, rows) are weighed so that every rank's whole share follows 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
-from config.settings import Parallelism, RankWeights, parse_rank_weights
+from config.settings import Parallelism, RankWeights
 from distributed.families import registered
-from distributed.hosts import RankHost, crowded_host, this_host
+from distributed.hosts import RankHost, crowded_host
 from distributed.model_shape import ModelShape, PlanError
 from distributed.shares import Span, apportion, balance, spans, split
 from distributed.split_checks import (
@@ -408,42 +405,7 @@ def fits(
     return check_fit(Path(model_dir), hosts, weights, parallelism, sequences, sequence_length)
 
 
-def _config_for(model: str) -> dict:
-    path = Path(model)
-    if (path / "config.json").is_file():
-        return json.loads((path / "config.json").read_text())
-    # Not an MLX directory: let the model resolver import or download it.
-    from acquisition.source import resolve_model
-    from config.settings import load_settings
+if __name__ == "__main__":  # `python -m distributed.plan`: the CLI lives in plan_cli.py
+    from distributed.plan_cli import main
 
-    directory = resolve_model(load_settings(model=model))
-    return json.loads((Path(directory) / "config.json").read_text())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print the split plan for a model.")
-    parser.add_argument("--model", required=True, help="MLX model directory (or MODEL value)")
-    parser.add_argument("--world", type=int, required=True, help="number of ranks")
-    parser.add_argument("--weights", default="", help="per-rank weights, e.g. 2,1,1")
-    parser.add_argument("--parallelism", default="auto", choices=["auto", "tensor", "pipeline"])
-    parser.add_argument(
-        "--local", action="store_true", help="every rank on this machine (it may lack cores)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    args = parser.parse_args(argv)
-    hosts = [this_host()] * args.world if args.local else None
-    try:
-        spec = parse_rank_weights(args.weights)
-        if spec == "auto" and hosts is None:
-            raise PlanError("weights 'auto' need the hosts' memory: add --local")
-        weights = resolve_weights(spec, hosts or [])
-        plan = make_plan(_config_for(args.model), args.world, weights, args.parallelism, hosts)
-    except (PlanError, ValueError) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 2
-    print(plan.model_dump_json(indent=2) if args.json else "\n".join(plan.describe()))
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())
