@@ -262,3 +262,18 @@ def _covers(spans: list[tuple[int, int]], total: int) -> bool:
         and all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
         and all(start < end for start, end in spans)
     )
+
+
+def test_launch_status_shows_what_an_moe_plan_splits() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "status_summary", Path(__file__).resolve().parents[1] / "scripts" / "status_summary.py"
+    )
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    plan = make_plan(QWEN3_30B_A3B, 3, [2, 1, 1], "tensor").model_dump(mode="json")
+    lines = summary.summarise({"state": "ready", "world_size": 3, "plan": plan})
+    assert "plan tensor-uneven by heads + experts + vocabulary" in lines[0]
+    assert "experts 0-64" in lines[1] and "vocab 0-" in lines[1]
