@@ -310,10 +310,6 @@ MLX_LM_CONFIGS["longcat_flash"] = {
     "mla_scale_kv_lora": True,
     "attention_bias": False,
 }
-MLX_LM_CONFIGS["longcat_flash_ngram"] = {
-    **MLX_LM_CONFIGS["longcat_flash"],
-    "model_type": "longcat_flash_ngram",
-}
 
 
 # Families whose every layer keeps a plain KVCache (the prefix cache measures and serves
