@@ -169,7 +169,7 @@ def test_the_server_batches_cancels_and_caches_prefixes_on_an_moe_family(moe_ser
     prompt = "Tell me about the rings of Saturn and their moons. " * 2
     with moe_server.client(timeout=120) as client:
         _, alone, _ = run_requests(client, [greedy("alone", prompt, 16)])
-        batch = [greedy("a", prompt, 16), greedy("b", "Short one", 24), greedy("c", "x" * 40, 24)]
+        batch = [greedy("a", prompt, 16), greedy("b", "Short one", 24), greedy("c", "x" * 40, 400)]
         _, tokens, final = run_requests(client, batch, cancel_after={"c": 3})
     assert tokens["a"] == alone["alone"], "a request decoded in a batch differs from alone"
     assert [final[i].finish_reason for i in "abc"] == ["length", "length", "cancelled"]
