@@ -50,7 +50,7 @@ class LocalExperts(nn.Module):
         else:
             with self.eval_guard("expert routing (all_sums before it)"):
                 mx.eval(indices)
-        return np.array(indices).reshape(-1)
+        return np.array(indices).reshape(-1).astype(np.int64)  # signed: below-range is < 0
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         k, width = indices.shape[-1], x.shape[-1]

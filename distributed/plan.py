@@ -322,7 +322,10 @@ def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str
         shared = split(shape.shared_size, fine_weights, unit)
     else:
         shared = [(0, shape.shared_size)] + [(0, 0)] * (world - 1)
-    vocab = split(shape.vocab_size, fine_weights)
+    split_vocab = shape.vocab_size >= world  # a config without vocab_size keeps it whole
+    vocab = (
+        split(shape.vocab_size, fine_weights) if split_vocab else [(0, shape.vocab_size)] * world
+    )
     expert_spans = _spans_or_none(experts, world)
     ranks = [
         RankShare(
@@ -359,7 +362,7 @@ def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str
         ranks=ranks,
         split_heads=split_heads,
         split_experts=shape.is_moe,
-        split_vocab=True,
+        split_vocab=split_vocab,
         note="; ".join(notes),
     )
 
