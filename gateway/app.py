@@ -9,11 +9,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from config.settings import Settings
+from gateway.anthropic import errors as anthropic_errors
+from gateway.anthropic import messages
 from gateway.errors import install_error_handlers
 from gateway.middleware import AccessLog, BodyLimit
 from gateway.openai import chat, completions, models
 from gateway.rank_client import RankClient
-from gateway.routers import health, info, metrics
+from gateway.routers import health, info, metrics, root
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -30,7 +32,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(
         title="MLX ring inference",
-        description="OpenAI-compatible API in front of an MLX distributed cluster.",
+        description="OpenAI- and Anthropic-compatible API in front of an MLX distributed cluster.",
         version="0.1.0",
         lifespan=lifespan,
     )
@@ -40,7 +42,8 @@ def create_app(settings: Settings) -> FastAPI:
         lambda: client.status.prefix_cache if client.status is not None else None
     )
     app.state.started_at = int(time.time())
-    for module in (chat, completions, models, health, info, metrics):
+    app.state.error_shapes = [(anthropic_errors.PREFIX, anthropic_errors.error_response)]
+    for module in (root, chat, completions, messages, models, health, info, metrics):
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
