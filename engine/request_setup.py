@@ -59,11 +59,12 @@ class RequestSetup:
             forced_call=forced_call(submit),
             parallel_tool_calls=submit.parallel_tool_calls,
         )
+        opens_thinking = False
         try:
             if submit.messages is not None:
                 rendered = self.chat.render(submit, constrained=constraint is not None)
-                text, shape.starts_in_reasoning = rendered.text, rendered.starts_in_reasoning
-                prompt = list(self.tokenizer.encode(text, add_special_tokens=False))
+                opens_thinking = rendered.starts_in_reasoning
+                prompt = list(self.tokenizer.encode(rendered.text, add_special_tokens=False))
             else:
                 prompt = list(self.tokenizer.encode(submit.prompt or ""))
         except Exception as exc:  # a template or tokenizer rejecting this input
@@ -73,13 +74,11 @@ class RequestSetup:
                 "invalid_request",
                 "the prompt is empty after tokenization; send at least one token",
             )
-        if constraint is None and submit.messages is not None:
+        if constraint is None and submit.messages is not None:  # a grammar leaves no markers
             think = self.chat.think if submit.enable_thinking is not False else None
             tool = self.chat.tool_format
-            markers = (tool.start, tool.end) if shape.tools else None
-            shape.markers = Markers(think=think or None, tool=markers)
-            if think is None:
-                shape.starts_in_reasoning = False
+            shape.markers = Markers(think, (tool.start, tool.end) if shape.tools else None)
+            shape.starts_in_reasoning = think is not None and opens_thinking
         return SetupResult(prompt, shape, constraint)
 
     def _constraint(self, submit: Submit) -> TokenConstraint | None:
