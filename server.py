@@ -14,6 +14,7 @@ import queue
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
@@ -73,6 +74,15 @@ def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiv
             engine.run()
 
 
+def _progress_reporter(
+    wake: WakeSender | WakeReceiver | None, booting: Booting
+) -> Callable[[int, int], None]:
+    """Where this rank reports its load progress: rank 0's own status, or to rank 0."""
+    if isinstance(wake, WakeReceiver):
+        return wake.send_progress
+    return lambda done, total: booting.on_progress(0, done, total)
+
+
 def main(settings: Settings) -> int:
     group, ident = init_group(settings.distributed_backend)
     setup_logging(settings.log_level, ident.role)
@@ -104,7 +114,10 @@ def main(settings: Settings) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         wake = open_wake_channel(broadcaster, leader_address())
-        model, info = load_for_rank(settings, group)
+        if isinstance(wake, WakeSender):
+            ready_reports = wake.collect_ready_in_background(booting.on_progress)
+        progress = _progress_reporter(wake, booting)
+        model, info = load_for_rank(settings, group, progress)
     except WakeError as exc:
         die(EXIT_PEER_GONE, str(exc))
     except ModelLoadError as exc:
@@ -121,6 +134,7 @@ def main(settings: Settings) -> int:
         share=info.share,
         weight_bytes=info.weight_bytes,
         memory_bytes=mx.get_active_memory(),
+        machine_memory_bytes=info.host.memory_bytes,
         kv_bytes_per_token=per_token,
         prefix_cache_bytes=budget,
     )
@@ -132,7 +146,10 @@ def main(settings: Settings) -> int:
         return 0
     assert wake is None or isinstance(wake, WakeSender)
     tokenizer = load_tokenizer(info.path)
-    reports = wake.collect_ready() if wake is not None else []
+    try:
+        reports = ready_reports() if wake is not None else []
+    except WakeError as exc:
+        die(EXIT_PEER_GONE, str(exc))
     ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
     prefix = PrefixCache(
         budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks])

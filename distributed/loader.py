@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,14 +62,22 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(array.nbytes for _, array in arrays)
 
 
-def _materialize(model: nn.Module) -> None:
+Progress = Callable[[int, int], None]  # (layers loaded, layers in all)
+
+
+def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
     # Layer by layer, so a rank's peak stays near one full layer above its own share.
-    for layer in getattr(model, "layers", []):
+    layers = [layer for layer in getattr(model, "layers", []) if layer is not None]
+    for done, layer in enumerate(layers, start=1):
         mx.eval(layer.parameters())
+        if progress is not None:
+            progress(done, len(layers))
     mx.eval(model.parameters())
 
 
-def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) -> nn.Module:
+def load_rank_model(
+    model_dir: Path, group: mx.distributed.Group, plan: Plan, progress: Progress | None = None
+) -> nn.Module:
     """This rank's part of the model in `model_dir` per `plan`, evaluated, after a barrier.
 
     Called like an mlx-lm model: `model(tokens, cache=cache)` returns logits whose last
@@ -89,7 +98,7 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
         model = shard_model(model, plan, group)
     elif plan.strategy == "pipeline":
         model = PipelineStage(model, plan, group)
-    _materialize(model)
+    _materialize(model, progress)
     log.info(
         "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s",
         group.rank(),
@@ -102,8 +111,11 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
     return model
 
 
-def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.Module, ModelInfo]:
-    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step."""
+def load_for_rank(
+    settings: Settings, group: mx.distributed.Group, progress: Progress | None = None
+) -> tuple[nn.Module, ModelInfo]:
+    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step;
+    `progress(done, total)` follows the layers it materializes."""
     try:
         model_dir = Path(resolve_model(settings))
     except ModelSourceError as exc:
@@ -115,7 +127,7 @@ def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.M
         plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
-    model = load_rank_model(model_dir, group, plan)
+    model = load_rank_model(model_dir, group, plan, progress)
     model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
         model_id=model_id,

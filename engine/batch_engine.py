@@ -85,6 +85,11 @@ class BatchEngine:
     # ---- bookkeeping -------------------------------------------------------------
 
     @property
+    def kv_tokens(self) -> int:
+        """Positions held in the caches of the running batch (decoding and prefilling)."""
+        return sum(self.decode_lengths) + sum(p.length for p in self.prefilling)
+
+    @property
     def size(self) -> int:
         """Sequences held (decoding and prefilling)."""
         return len(self.decode_ids) + len(self.prefilling)

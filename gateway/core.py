@@ -173,6 +173,7 @@ class Generation:
         self.request = request
         self.client: RankClient = state.rank_client
         self.metrics = state.metrics
+        self.telemetry = state.telemetry
         self.submit = submit
         self.prompt_param = prompt_param
         self.deadline = time.monotonic() + state.settings.request_timeout_seconds
@@ -221,6 +222,7 @@ class Generation:
                     if message.finish_reason == "cancelled":
                         raise unavailable("The ranks cancelled the request (shutting down?).", 5)
                     self.metrics.tokens.labels("completion").inc(message.usage.completion_tokens)
+                    self.telemetry.finished(message)
                     yield message
                     return
                 elif isinstance(message, Error):

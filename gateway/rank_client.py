@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,7 @@ class RankClient:
         self.model_id: str | None = None
         self.model_aliases: list[str] = []
         self.down_reason = "not connected to rank 0 yet"
+        self.on_status: Callable[[Status], None] | None = None  # every status rank 0 sends
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -260,6 +262,8 @@ class RankClient:
             self.status_at = time.monotonic()
             self.model_id = message.model_id
             self.model_aliases = message.model_aliases
+            if self.on_status is not None:
+                self.on_status(message)
             for waiter in self._status_waiters:
                 if not waiter.done():
                     waiter.set_result(message)

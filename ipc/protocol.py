@@ -284,6 +284,7 @@ class RankStatus(BaseModel):
     share: str = ""
     weight_bytes: int = 0
     memory_bytes: int = 0
+    machine_memory_bytes: int = 0  # its machine's memory (shared by the ranks on it)
     kv_bytes_per_token: int = 0  # this rank's KV per cached token; 0: no prefix cache
     prefix_cache_bytes: int = 0  # this rank's prefix-cache budget
 
@@ -300,6 +301,22 @@ class PrefixCacheStats(BaseModel):
     hit_tokens: int = 0
     misses: int = 0
     evictions: int = 0
+
+
+class LoadProgress(BaseModel):
+    """How far one rank is in loading its part: layers materialized of its total."""
+
+    rank: int
+    done: int
+    total: int
+
+
+class Counters(BaseModel):
+    """Rank 0's running totals since it started (rates come from their differences)."""
+
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
 
 
 class Status(_Message):
@@ -319,6 +336,9 @@ class Status(_Message):
     queued_requests: int = 0
     max_batch_size: int = 0
     last_step_ms: float | None = None
+    counters: Counters = Field(default_factory=Counters)
+    kv_tokens: int = 0  # tokens in the running batch's KV cache (on every rank)
+    loading: list[LoadProgress] = Field(default_factory=list)  # per rank, while loading
     prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
     max_sequence_length: int = 0
     uptime_s: float = 0.0

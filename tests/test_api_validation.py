@@ -151,7 +151,8 @@ def test_anthropic_routes_answer_in_their_shape(api):
 
 def test_service_info_lists_the_endpoints_without_a_key(api):
     info = httpx.get(f"{api.base_url}/").json()
-    assert info["name"] == "mlx-ring" and info["ready"] is False and info["model"] is None
+    assert info["service"] == "MLX ring inference" and info["model"] is None
+    assert info["ready"] is False and info["state"] == "down"
     listed = {(e["method"], e["path"]) for e in info["endpoints"]}
     for route in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/health"):
         assert any(path == route for _, path in listed), route

@@ -16,6 +16,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.telemetry import Sample
 from ipc.protocol import PrefixCacheStats
 
 router = APIRouter(tags=["metrics"])
@@ -51,13 +52,39 @@ class PrefixCacheCollector(Collector):
             yield GaugeMetricFamily(f"prefix_cache_{name}", text, value=getattr(stats, name))
 
 
+class RateCollector(Collector):
+    """Decode and prefill tokens/s over the last status interval: the figures the
+    dashboard plots (gateway/telemetry.py), read at scrape time."""
+
+    def __init__(self, rates: Callable[[], Sample | None]) -> None:
+        self.rates = rates
+
+    def collect(self) -> Iterator[Metric]:
+        sample = self.rates()
+        if sample is None:
+            return
+        yield GaugeMetricFamily(
+            "rank_decode_tokens_per_second", "Tokens decoded per second", value=sample.decode_tps
+        )
+        yield GaugeMetricFamily(
+            "rank_prefill_tokens_per_second",
+            "Prompt tokens prefilled per second",
+            value=sample.prefill_tps,
+        )
+
+
 class Metrics:
     """One registry per app, so several apps (tests) never clash."""
 
-    def __init__(self, prefix_stats: Callable[[], PrefixCacheStats | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        prefix_stats: Callable[[], PrefixCacheStats | None] = lambda: None,
+        rates: Callable[[], Sample | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(PrefixCacheCollector(prefix_stats))
+        r.register(RateCollector(rates))
         self.requests = Counter(
             "api_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
