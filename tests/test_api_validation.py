@@ -88,6 +88,7 @@ def chat(**changes):
         (chat(tools=[WEATHER, WEATHER]), "tools"),
         (chat(response_format={"type": "json_schema"}), None),
         (chat(response_format={"type": "xml"}), "response_format"),
+        (chat(functions=[{"name": "f", "parameters": {}}]), "functions"),
         (chat(messages=[{"role": "user"}]), "messages.0"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), None),
         (chat(stop=["a", "b", "c", "d", "e"]), "stop"),

@@ -12,21 +12,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from gateway.core import Limits, check_tool_choice
+from gateway.core import Limits
 from gateway.openai.tooling import (
-    ChatTool,
+    AgentFields,
     ChunkToolCall,
     RequestToolCall,
-    ResponseFormat,
     ResponseToolCall,
-    ToolChoiceParam,
-    output_format,
-    tool_choice,
 )
 from ipc.protocol import (
     ChatMessage,
@@ -168,42 +163,19 @@ class _Sampling(_Request):
         )
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, AgentFields):
     """POST /v1/chat/completions."""
 
     messages: list[RequestMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[ChatTool] | None = Field(default=None, max_length=128)
-    tool_choice: ToolChoiceParam | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    reasoning_effort: str | None = Field(default=None, max_length=16)
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
-
-    @field_validator("tools")
-    @classmethod
-    def _check_tools(cls, tools: list[ChatTool] | None) -> list[ChatTool] | None:
-        names = [tool.function.name for tool in tools or []]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"tool names must be unique; repeated: {', '.join(repeated)}")
-        return tools
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _check_tool_choice(
-        cls, value: ToolChoiceParam | None, info: ValidationInfo
-    ) -> ToolChoiceParam | None:
-        names = [tool.function.name for tool in info.data.get("tools") or []]
-        check_tool_choice(tool_choice(value), names)
-        return value
 
     def to_submit(self, request_id: str, limits: Limits) -> Submit:
         max_tokens = limits.max_tokens(self.max_completion_tokens or self.max_tokens)
@@ -213,11 +185,7 @@ class ChatCompletionRequest(_Sampling):
             id=request_id,
             messages=[m.to_message() for m in self.messages],
             params=params,
-            tools=[tool.to_spec() for tool in self.tools or []],
-            tool_choice=tool_choice(self.tool_choice),
-            parallel_tool_calls=self.parallel_tool_calls is not False,
-            output=output_format(self.response_format),
-            enable_thinking=False if self.reasoning_effort == "none" else None,
+            **self.agent_fields(),
         )
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from gateway.core import check_tool_choice
 from ipc.protocol import OutputFormat, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -109,6 +110,58 @@ def output_format(response_format: ResponseFormat | None) -> OutputFormat | None
             param="response_format.json_schema.schema",
         )
     return None
+
+
+class AgentFields(BaseModel):
+    """The chat request's agent fields: tools, tool_choice, parallel_tool_calls,
+    response_format, reasoning_effort (and the deprecated functions, refused)."""
+
+    tools: list[ChatTool] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoiceParam | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = Field(default=None, max_length=16)
+    functions: list[Any] | None = None  # OpenAI's deprecated form of tools: refused
+    function_call: Any = None
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _refuse_legacy_functions(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(
+                "functions and function_call are OpenAI's deprecated form; send the same "
+                'functions as tools ([{"type": "function", "function": {...}}]) and '
+                "function_call as tool_choice"
+            )
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, tools: list[ChatTool] | None) -> list[ChatTool] | None:
+        names = [tool.function.name for tool in tools or []]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"tool names must be unique; repeated: {', '.join(repeated)}")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(
+        cls, value: ToolChoiceParam | None, info: ValidationInfo
+    ) -> ToolChoiceParam | None:
+        names = [tool.function.name for tool in info.data.get("tools") or []]
+        check_tool_choice(tool_choice(value), names)
+        return value
+
+    def agent_fields(self) -> dict[str, Any]:
+        """These fields as Submit's."""
+        return {
+            "tools": [tool.to_spec() for tool in self.tools or []],
+            "tool_choice": tool_choice(self.tool_choice),
+            "parallel_tool_calls": self.parallel_tool_calls is not False,
+            "output": output_format(self.response_format),
+            "enable_thinking": False if self.reasoning_effort == "none" else None,
+        }
 
 
 # ---- responses -----------------------------------------------------------------------
