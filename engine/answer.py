@@ -124,23 +124,32 @@ class AnswerStream:
         return self._split(self.splitter.push(text))
 
     def _split(self, split: Split) -> Piece:
-        reasoning = self.reasoning.push(split.reasoning, strip_leading=True, hold_trailing=True)
+        piece = Piece()
+        for channel, text in split.segments:
+            if channel == "reasoning":
+                self.reasoned = True
+                piece.reasoning += self.reasoning.push(text, strip_leading=True, hold_trailing=True)
+            elif channel == "content":
+                piece.text += self._content(text)
+            else:
+                self._tool_block(piece, text)
         if self.splitter.state != "reasoning":
-            self.reasoning.release(keep=False)
-        self.reasoned = self.reasoned or bool(split.reasoning)
-        text = self.content.push(
-            split.content, strip_leading=self.reasoned, hold_trailing=bool(self.shape.tools)
-        )
-        piece = Piece(text=text, reasoning=reasoning)
-        fmt = self.shape.tool_format
-        for block in split.tool_blocks:
-            calls = parse_calls(fmt, block, self.shape.tools, self.calls)
-            if calls is None:  # not a call after all: give the block back as text
-                piece.text += f"{fmt.start}{block}{fmt.end}"
-                continue
-            if not self.shape.parallel_tool_calls:
-                calls = calls[: max(0, 1 - self.calls)]
-            self.calls += len(calls)
-            self.content.release(keep=False)
-            piece.tool_calls += calls
+            self.reasoning.release(keep=False)  # the whitespace before </think>
         return piece
+
+    def _content(self, text: str) -> str:
+        return self.content.push(
+            text, strip_leading=self.reasoned, hold_trailing=bool(self.shape.tools)
+        )
+
+    def _tool_block(self, piece: Piece, block: str) -> None:
+        fmt = self.shape.tool_format
+        calls = parse_calls(fmt, block, self.shape.tools, self.calls)
+        if calls is None:  # not a call after all: give the block back as text, in place
+            piece.text += self._content(f"{fmt.start}{block}{fmt.end}")
+            return
+        if not self.shape.parallel_tool_calls:
+            calls = calls[: max(0, 1 - self.calls)]
+        self.calls += len(calls)
+        self.content.release(keep=False)  # whitespace before a call is not an answer
+        piece.tool_calls += calls

@@ -26,11 +26,31 @@ class Markers:
 
 @dataclass
 class Split:
-    """What one push produced: text per channel and the tool blocks completed."""
+    """What one push produced, in order: text per channel, and each tool block completed
+    (channel "tool", the text between its markers)."""
 
-    content: str = ""
-    reasoning: str = ""
-    tool_blocks: list[str] = field(default_factory=list)
+    segments: list[tuple[Channel, str]] = field(default_factory=list)
+
+    def add(self, channel: Channel, text: str) -> None:
+        if self.segments and self.segments[-1][0] == channel != "tool":
+            self.segments[-1] = (channel, self.segments[-1][1] + text)
+        else:
+            self.segments.append((channel, text))
+
+    def text(self, channel: Channel) -> str:
+        return "".join(text for kind, text in self.segments if kind == channel)
+
+    @property
+    def content(self) -> str:
+        return self.text("content")
+
+    @property
+    def reasoning(self) -> str:
+        return self.text("reasoning")
+
+    @property
+    def tool_blocks(self) -> list[str]:
+        return [text for kind, text in self.segments if kind == "tool"]
 
 
 class ChannelSplitter:
@@ -81,7 +101,7 @@ class ChannelSplitter:
             self._emit(out, self._pending[:at])
             self._pending = self._pending[at + len(closer) :]
             if self.state == "tool":
-                out.tool_blocks.append(self._tool)
+                out.add("tool", self._tool)
                 self._tool = ""
             self.state = "content"
         return out
@@ -93,7 +113,7 @@ class ChannelSplitter:
         self._emit(out, self._pending)
         self._pending = ""
         if self.state == "tool":
-            out.tool_blocks.append(self._tool)
+            out.add("tool", self._tool)
             self._tool = ""
         return out
 
@@ -106,12 +126,10 @@ class ChannelSplitter:
     def _emit(self, out: Split, text: str) -> None:
         if not text:
             return
-        if self.state == "content":
-            out.content += text
-        elif self.state == "reasoning":
-            out.reasoning += text
-        else:
+        if self.state == "tool":
             self._tool += text
+        else:
+            out.add(self.state, text)
 
     @property
     def open_tool_block(self) -> str:

@@ -111,3 +111,11 @@ def test_without_tools_the_blocks_are_answer_text(agent_tokenizer):
     shape = AnswerShape(markers=Markers(think=MARKERS.think), starts_in_reasoning=True)
     answer = run(agent_tokenizer, shape, script_ids(agent_tokenizer))
     assert answer.tool_calls == [] and answer.text.count("<tool_call>") == 2
+
+
+def test_a_block_that_is_no_call_comes_back_in_place():
+    shape = AnswerShape(markers=MARKERS, tools=TOOLS)
+    stream = AnswerStream(None, [], shape)
+    text = 'Hi\n<tool_call>{"name": "nope"}</tool_call> bye'
+    answer = stream._route(text).add(stream.finish(complete=True))
+    assert answer.text == text and answer.tool_calls == []
