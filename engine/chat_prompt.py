@@ -112,8 +112,13 @@ class ChatPrompt:
             kwargs["enable_thinking"] = submit.enable_thinking
         if tools and self.tool_format.native:
             kwargs["tools"] = [tool_dict(tool) for tool in tools]
+        last = submit.messages[-1]
+        prefill = submit.continue_final_message and last.role == "assistant"
+        prefill = prefill and bool(last.content) and not last.tool_calls
+        if prefill:  # the answer continues the last turn: no new assistant turn is opened
+            kwargs["continue_final_message"] = True
         text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **kwargs
+            messages, add_generation_prompt=not prefill, tokenize=False, **kwargs
         )
         if forced_call(submit) and self.tool_format.json_blocks:
             return Rendered(text + self.tool_format.start + "\n", starts_in_reasoning=False)

@@ -185,6 +185,7 @@ class Submit(_Message):
     Chats may offer `tools` (shown through the model's chat template, or a fallback prompt
     when the template has no tool format) and constrain the answer (`tool_choice` required
     or a function, `output`). `enable_thinking` None leaves the template's default.
+    `continue_final_message`: a final assistant turn is a prefill the answer continues.
     `count_only`: render and count the prompt, answer Started then Done, generate nothing.
     """
 
@@ -198,6 +199,7 @@ class Submit(_Message):
     parallel_tool_calls: bool = True
     output: OutputFormat | None = None
     enable_thinking: bool | None = None
+    continue_final_message: bool = False  # the answer continues the last (assistant) turn
     count_only: bool = False
 
 

@@ -17,6 +17,7 @@ import httpx
 import jsonschema_rs
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from launcher.local_cluster import Cluster
 from tests.support.agent_requests import ASK, TIME, WEATHER
@@ -41,6 +42,12 @@ PROFILE = {
     "required": ["name", "age", "tags", "admin"],
     "additionalProperties": False,
 }
+
+
+class Profile(BaseModel):
+    name: str = Field(max_length=8)
+    age: int = Field(ge=0, le=120)
+    admin: bool
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +268,10 @@ def test_json_schema_output_validates_20_of_20_at_temperature_1(sdk):
         assert choice.finish_reason == "stop", choice
         assert validator.is_valid(json.loads(choice.message.content)), choice.message.content
         assert choice.message.model_extra.get("reasoning_content") is None
+    parsed = sdk.chat.completions.parse(  # the SDK's own structured-output helper
+        messages=ASK, model="default", response_format=Profile, temperature=1.0, max_tokens=200
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Profile)
     anything = sdk.chat.completions.create(
         messages=ASK, model="default", response_format={"type": "json_object"}, max_tokens=60
     ).choices[0]

@@ -144,3 +144,13 @@ def test_keys_headers_and_errors(api, client):
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model=MODEL, max_tokens=0, messages=ASK)
     assert caught.value.type == "invalid_request_error" and "max_tokens" in caught.value.message
+
+
+def test_a_final_assistant_turn_is_continued(client):
+    prefilled = [*ASK, {"role": "assistant", "content": "Sure"}]
+    message = client.messages.create(model=MODEL, max_tokens=3, messages=prefilled)
+    counted = client.messages.count_tokens(model=MODEL, messages=prefilled).input_tokens
+    plain = client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
+    # "...assistant\nSure" where a new turn would end "...assistant\n<think>": 4 bytes for 1
+    assert counted == plain + 3
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == counted

@@ -91,3 +91,14 @@ def test_constrained_answers_do_not_think(agent):
     assert rendered.text.endswith("<think></think>") and not rendered.starts_in_reasoning
     off = agent.render(chat(enable_thinking=False), constrained=False)
     assert not off.starts_in_reasoning
+
+
+def test_a_final_assistant_turn_is_continued_when_asked(agent):
+    prefill = [
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", content="Sure"),
+    ]
+    continued = agent.render(chat(prefill, continue_final_message=True), constrained=False)
+    assert continued.text.endswith("<|im_start|>assistant\nSure")
+    closed = agent.render(chat(prefill), constrained=False)
+    assert closed.text.endswith("Sure<|im_end|>\n<|im_start|>assistant\n<think>")

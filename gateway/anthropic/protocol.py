@@ -203,6 +203,7 @@ class _Conversation(_Lenient):
             "parallel_tool_calls": parallel,
             "output": output,
             "enable_thinking": thinking,
+            "continue_final_message": self.messages[-1].role == "assistant",  # a prefill
         }
 
 
