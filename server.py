@@ -29,9 +29,11 @@ from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
 from engine.batch_engine import BatchEngine, PlanMismatchError
+from engine.constraints import GrammarTokens
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefix_cache import PrefixCache
 from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
+from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.protocol import RankStatus
@@ -158,6 +160,19 @@ def main(settings: Settings) -> int:
         "prefix cache: %s",
         f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
     )
+    defaults = SamplingDefaults.load(info.path, settings)
+    log.info("sampling defaults: %s", defaults.describe())
+    scheduler = Scheduler(
+        tokenizer,
+        settings.max_batch_size,
+        settings.max_sequence_length,
+        prefix,
+        grammar=GrammarTokens.build(
+            tokenizer, info.config.get("vocab_size") or len(tokenizer), tokenizer.eos_token_ids
+        ),
+        defaults=defaults,
+    )
+    log.info("chat prompt: %s", scheduler.setup.chat.describe())
     leader = Leader(
         settings=settings,
         ident=ident,
@@ -165,9 +180,7 @@ def main(settings: Settings) -> int:
         events=events,
         info=info,
         ranks=ranks,
-        scheduler=Scheduler(
-            tokenizer, settings.max_batch_size, settings.max_sequence_length, prefix
-        ),
+        scheduler=scheduler,
         engine=engine,
         broadcaster=broadcaster,
         wake=wake,

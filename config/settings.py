@@ -88,6 +88,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("MODEL", "MODEL_REPO"),
         description="Local MLX directory, Hugging Face repo id, .gguf path; empty = default",
     )
+    served_model_name: str = Field(default="", max_length=256)
     model_cache_dir: Path = Field(default=Path.home() / ".cache" / "mlx-ring")
     import_dtype: Literal["auto", "quantized", "float32", "float16", "bfloat16"] = "auto"
 
@@ -111,6 +112,11 @@ class Settings(BaseSettings):
     max_sequence_length: int = Field(default=4096, ge=16)
     max_batch_size: int = Field(default=8, ge=1, le=256)
     default_max_tokens: int = Field(default=512, ge=1)
+    # Sampling when a request sets none and the model has no generation_config.json value
+    default_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    default_top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    default_top_k: int = Field(default=0, ge=0)
+    default_min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     prefill_chunk_size: int = Field(default=256, ge=16)
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)

@@ -15,7 +15,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
-from acquisition.source import ModelSourceError, resolve_model
+from acquisition.source import ModelSourceError, resolve_model, served_names
 from config import Settings
 from distributed.expert_parallel import EvalGuard, LocalExperts
 from distributed.hosts import RankHost, gather_hosts
@@ -34,7 +34,8 @@ class ModelLoadError(Exception):
 class ModelInfo:
     """What this rank loaded: complete once the load returns."""
 
-    model_id: str
+    model_id: str  # the served id (acquisition.source.served_names)
+    aliases: list[str]  # older names that select it
     path: Path
     config: dict
     plan: Plan
@@ -148,8 +149,10 @@ def load_for_rank(
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
     model = load_rank_model(model_dir, group, plan, progress)
+    model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
-        model_id=settings.model or model_dir.name,
+        model_id=model_id,
+        aliases=aliases,
         path=model_dir,
         config=config,
         plan=plan,

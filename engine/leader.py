@@ -107,6 +107,7 @@ class Leader:
             state=self.state,
             reason="serving" if self.state == RankState.READY else "a shutdown was requested",
             model_id=self.info.model_id,
+            model_aliases=self.info.aliases,
             model_info={k: config[k] for k in CONFIG_KEYS if k in config}
             | {"path": str(self.info.path)},
             backend=self.ident.backend,

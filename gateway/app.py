@@ -10,6 +10,8 @@ from fastapi import FastAPI
 
 from config.settings import Settings
 from gateway import dashboard
+from gateway.anthropic import errors as anthropic_errors
+from gateway.anthropic import messages
 from gateway.errors import install_error_handlers
 from gateway.middleware import AccessLog, BodyLimit
 from gateway.openai import chat, completions, models
@@ -32,7 +34,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(
         title="MLX ring inference",
-        description="OpenAI-compatible API in front of an MLX distributed cluster.",
+        description="OpenAI- and Anthropic-compatible API in front of an MLX distributed cluster.",
         version="0.1.0",
         lifespan=lifespan,
     )
@@ -46,7 +48,8 @@ def create_app(settings: Settings) -> FastAPI:
         telemetry.rates,
     )
     app.state.started_at = int(time.time())
-    for module in (chat, completions, models, health, info, metrics, dashboard):
+    app.state.error_shapes = [(anthropic_errors.PREFIX, anthropic_errors.error_response)]
+    for module in (chat, completions, messages, models, health, info, metrics, dashboard):
         app.include_router(module.router)
     dashboard.mount_static(app)
     install_error_handlers(app)

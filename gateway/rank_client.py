@@ -83,6 +83,7 @@ class RankClient:
         self.status: Status | None = None
         self.status_at = 0.0
         self.model_id: str | None = None
+        self.model_aliases: list[str] = []
         self.down_reason = "not connected to rank 0 yet"
         self.on_status: Callable[[Status], None] | None = None  # every status rank 0 sends
 
@@ -222,6 +223,7 @@ class RankClient:
             if not isinstance(welcome, Welcome):
                 raise ValueError(f"rank 0 answered the handshake with {type(welcome).__name__}")
             self.model_id = welcome.model_id
+            self.model_aliases = welcome.model_aliases
             self._writer = writer
             log.info("connected to rank 0 on %s (model %s)", self.socket_path, welcome.model_id)
             poller = asyncio.create_task(self._poll_status())
@@ -259,6 +261,7 @@ class RankClient:
             self.status = message
             self.status_at = time.monotonic()
             self.model_id = message.model_id
+            self.model_aliases = message.model_aliases
             if self.on_status is not None:
                 self.on_status(message)
             for waiter in self._status_waiters:

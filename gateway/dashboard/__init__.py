@@ -25,18 +25,37 @@ def wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
+def endpoints(request: Request) -> list[dict[str, str]]:
+    """Every documented route (the OpenAPI schema's): method, path and what it does."""
+    found = []
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    for path, operations in sorted(paths.items()):
+        for method, operation in operations.items():
+            text = (operation.get("description") or operation.get("summary") or "").strip()
+            first = text.splitlines()[0] if text else ""
+            found.append({"method": method.upper(), "path": path, "description": first})
+    return found
+
+
 def service_info(request: Request) -> dict[str, Any]:
-    """What this server is and what it serves (the JSON answer at `GET /`)."""
+    """What this server is and what it serves (the JSON answer at `GET /`): the served
+    model, its state, the base URLs for OpenAI and Anthropic clients, every endpoint."""
     app: FastAPI = request.app
     client = app.state.rank_client
-    paths = sorted(app.openapi().get("paths", {}))
+    now = client.availability()
+    base = str(request.base_url).rstrip("/")
     return {
         "service": app.title,
+        "description": app.description,
         "version": app.version,
         "model": client.model_id,
-        "state": client.availability().state,
+        "state": now.state,
+        "ready": now.http_status == 200,
+        "openai_base_url": f"{base}/v1",
+        "anthropic_base_url": base,
         "dashboard": "/dashboard",
-        "endpoints": paths,
+        "docs": "/docs",
+        "endpoints": endpoints(request),
     }
 
 
