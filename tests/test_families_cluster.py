@@ -169,8 +169,12 @@ def test_the_server_batches_cancels_and_caches_prefixes_on_an_moe_family(moe_ser
     prompt = "Tell me about the rings of Saturn and their moons. " * 2
     with moe_server.client(timeout=120) as client:
         _, alone, _ = run_requests(client, [greedy("alone", prompt, 16)])
-        batch = [greedy("a", prompt, 16), greedy("b", "Short one", 24), greedy("c", "x" * 40, 400)]
+        # "c" asks for logprobs, so each of its tokens arrives at once (random bytes of a
+        # tiny model can be withheld as incomplete text) and the cancel lands mid-answer.
+        cancelled = greedy("c", "x" * 40, 400, logprobs=True)
+        batch = [greedy("a", prompt, 16), greedy("b", "Short one", 24), cancelled]
         _, tokens, final = run_requests(client, batch, cancel_after={"c": 3})
     assert tokens["a"] == alone["alone"], "a request decoded in a batch differs from alone"
     assert [final[i].finish_reason for i in "abc"] == ["length", "length", "cancelled"]
+    assert 3 <= len(tokens["c"]) < 400
     assert final["a"].usage.prompt_tokens_details.cached_tokens > 0  # MLA KV reused
