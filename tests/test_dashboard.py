@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from launcher.local_cluster import Cluster
@@ -91,7 +92,8 @@ def test_the_chat_panel_asks_for_the_key_once_and_streams(stack) -> None:
     box = browser.find_element(By.ID, "chat-input")
     box.send_keys("Hello there")
     browser.find_element(By.ID, "chat-send").click()
-    alert = wait(browser, lambda b: b.switch_to.alert)
+    # the prompt opens after the click's handler runs: wait for it, not just look once
+    alert = wait(browser, expected_conditions.alert_is_present())
     alert.send_keys(KEY)
     alert.accept()
     wait(browser, lambda b: b.find_elements(By.ID, "chat-output"))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
@@ -22,6 +25,7 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+START_ATTEMPTS = 3
 
 
 def browser_missing() -> str | None:
@@ -34,17 +38,36 @@ def browser_missing() -> str | None:
 
 @contextmanager
 def headless_chromium(width: int = 1300, height: int = 1400) -> Iterator[webdriver.Chrome]:
+    """A headless chromium; a start whose renderer dies is tried again once (seen on a
+    loaded CI machine: "Unable to receive message from renderer"), then fails with
+    chromedriver's log."""
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    log = Path(profile) / "chromedriver.log"
+    driver = None
+    try:
+        for attempt in range(START_ATTEMPTS):
+            try:
+                driver = _start(width, height, Path(profile) / f"data-{attempt}", log)
+                break
+            except WebDriverException as error:
+                if attempt + 1 == START_ATTEMPTS:
+                    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                    raise RuntimeError(f"chromium did not start: {error.msg}\n{tail}") from None
+                time.sleep(2)
+        assert driver is not None
+        yield driver
+    finally:
+        if driver is not None:
+            driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _start(width: int, height: int, data_dir: Path, log: Path) -> webdriver.Chrome:
     options = Options()
     for flag in FLAGS:
         options.add_argument(flag)
     options.add_argument(f"--window-size={width},{height}")
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    options.add_argument(f"--user-data-dir={profile}")
+    options.add_argument(f"--user-data-dir={data_dir}")
     options.binary_location = shutil.which("chromium") or "chromium"
-    service = Service(shutil.which("chromedriver") or "chromedriver")
-    driver = webdriver.Chrome(service=service, options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+    service = Service(shutil.which("chromedriver") or "chromedriver", log_output=str(log))
+    return webdriver.Chrome(service=service, options=options)
