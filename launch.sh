@@ -219,9 +219,11 @@ EOF
 
 # ---- stop -------------------------------------------------------------------------------
 
-stop_supervisor() { # it ends the ranks (rank 0's shutdown message first) and api.py
+# The supervisor ends the ranks (rank 0's shutdown message first), those recorded on the
+# workers, and api.py. Returns 1 when none ran or it had to be killed.
+stop_supervisor() {
     local pid
-    supervisor_alive || return 0
+    supervisor_alive || return 1
     pid="$(pid_of "$SUP_PID")"
     rm -f "$RUN/stopped.txt"
     kill -TERM "$pid" 2>/dev/null
@@ -232,6 +234,8 @@ stop_supervisor() { # it ends the ranks (rank 0's shutdown message first) and ap
     if runs "$pid" launcher.supervisor; then
         kill -KILL -- "-$pid" 2>/dev/null
         info "the supervisor did not stop within 60 s: killed"
+        rm -f "$SUP_PID"
+        return 1
     fi
     [[ -s "$RUN/stopped.txt" ]] && sed 's/^/    /' "$RUN/stopped.txt"
     info "stopped the supervisor (pid $pid)"
@@ -239,9 +243,9 @@ stop_supervisor() { # it ends the ranks (rank 0's shutdown message first) and ap
 }
 
 stop_all() { # stop_all [quiet]: the supervisor; then what a dead supervisor left behind
-    local socket
+    local socket clean=""
     socket="$(cfg SOCKET_PATH 2>/dev/null)"
-    stop_supervisor
+    stop_supervisor && clean=1 # it also ended the workers' ranks
     kill_group "$API_PID" api.py "api.py"
     if ranks_alive && [[ -S "$socket" ]]; then
         # rank 0 ends every rank with exit 0; mlx.launch then exits by itself
@@ -253,7 +257,7 @@ stop_all() { # stop_all [quiet]: the supervisor; then what a dead supervisor lef
     fi
     kill_group "$RANKS_PID" mlx.launch "mlx.launch and the local ranks"
     "$ROOT/scripts/ranks.sh" stop | sed 's/^/    /'
-    remote_mode && stop_workers "${1:-}"
+    remote_mode && [[ -z "$clean" ]] && stop_workers "${1:-}"
     [[ -n "$socket" && -S "$socket" ]] && ! ranks_alive && rm -f "$socket"
     return 0
 }

@@ -53,6 +53,7 @@ RANKS_READY_TIMEOUT_S = 900.0  # large models load slowly
 API_READY_TIMEOUT_S = 60.0
 API_STEADY_S = 30.0  # api.py that ran this long before it ended starts again at once
 END_GRACE_S = 1.0  # mlx.launch relays the ranks' last lines, then its group is killed
+WATCH_TRIES = 5  # connections to rank 0 tried, 1 s apart, before its silence ends the job
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,11 @@ class Supervisor:
     def _watch(self, job: RankJob) -> Ended | None:
         """Block until the job ends (its reason) or a stop (None)."""
         watch = job.open_watch()
+        for _ in range(WATCH_TRIES):  # a busy rank 0 may miss one handshake
+            if watch is not None or job.ended() or self.stopping:
+                break
+            self._pump(1.0)
+            watch = job.open_watch()
         if watch is not None:
             self._selector.register(watch, selectors.EVENT_READ, "watch")
         try:

@@ -12,6 +12,11 @@ is ready again; and exactly one supervisor, mlx.launch, api.py and two ranks run
 them a faulted one. The rows go to docs/RELIABILITY.md (CHAOS_REPORT=file collects them).
 
 SOAK_SECONDS (default 40) sets the soak's length: `SOAK_SECONDS=600` is the 10-minute soak.
+Resident memory grows while the ranks warm up: measured on the development VM with 32
+clients, the ranks' RSS rose about 25% in the first minute (MLX's buffer cache filling
+with the sizes a varying batch needs), then 1% in the next 90 s. So a soak of 2 minutes or
+more holds growth after a warm-up of a fifth of its length (at least 60 s) under 5%; the
+short one can only catch a gross leak: under 20% from its first quarter to its end.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ from tests.support.chaos import (
     cluster_processes,
     health,
     report,
+    restart_row,
     settled_processes,
     stream_with_fault,
     wait_ready_again,
+    waited_and_succeeded,
 )
 from tests.support.soak import soak
 from tests.test_launch import Project, _alive, _setting_names, copy_project
@@ -56,6 +63,9 @@ COLLECTIVE_TIMEOUT = 3.0
 # and two failed starts after it make 7: the supervisor gives up.
 RESTART_LIMIT = 7
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "40"))
+LONG_SOAK = SOAK_SECONDS >= 120
+SOAK_WARMUP_S = max(60.0, SOAK_SECONDS / 5) if LONG_SOAK else SOAK_SECONDS / 4
+SOAK_GROWTH = 0.05 if LONG_SOAK else 0.20
 
 
 @dataclass
@@ -124,18 +134,22 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, endless_llama: Path) -> Iter
 
 
 def test_soak_32_streaming_clients(chaos: Chaos) -> None:
-    """Every request finishes with usage; RSS after the warm-up grows less than 5%."""
+    """Every request finishes with usage; RSS after the warm-up grows less than 5% (a
+    gross leak only, in the short soak: see the module's docstring)."""
     pids = {"api.py": chaos.pid("api.pid")}
     pids |= {f"rank {r}": chaos.pid(f"rank-{r}.pid") for r in (0, 1)}
-    result = asyncio.run(soak(Endpoint(chaos.url), 32, SOAK_SECONDS, 48, pids))
-    print(f"\nsoak, 32 streaming clients, {SOAK_SECONDS:.0f} s:\n{result.describe()}")
+    result = asyncio.run(soak(Endpoint(chaos.url), 32, SOAK_SECONDS, 48, pids, SOAK_WARMUP_S))
+    print(
+        f"\nsoak, 32 streaming clients, {SOAK_SECONDS:.0f} s, warm-up {SOAK_WARMUP_S:.0f} s:\n"
+        + result.describe()
+    )
     failed = [r.error for r in result.results if not (r.ok and r.prompt_tokens > 0)]
     assert not failed, f"{len(failed)} requests did not finish with usage: {failed[:3]}"
     assert all(r.completion_tokens == 48 for r in result.results)
     assert len(result.results) > 32
     memory = result.memory()
     assert set(memory) == set(pids), result.describe()
-    grown = {name: growth for name, (_, _, growth) in memory.items() if growth >= 0.05}
+    grown = {name: growth for name, (_, _, growth) in memory.items() if growth >= SOAK_GROWTH}
     assert not grown, result.describe()
     assert cluster_processes(chaos.root) == RUNNING
 
@@ -160,15 +174,7 @@ def _fault_on_the_ranks(
     assert chaos.pid("api.pid") == api  # api.py stayed up through the restart
     state = chaos.state()
     assert state.phase == "running" and state.restarts == restarts + 1, state
-    row = Row(
-        fault=name,
-        client_saw=f"SSE error event ({end.error_code}) after {end.chunks} chunks",
-        detected_s=end.after_fault_s,
-        ready_again_s=ready_after,
-        lost=f"the stream in flight; a request sent during the restart waited {waited:.1f} s "
-        "and succeeded",
-        leftovers="none",
-    )
+    row = restart_row(name, end, ready_after, waited_and_succeeded(waited))
     report(row)
     return row, state
 
@@ -181,21 +187,24 @@ def test_sigkill_of_a_worker_rank(chaos: Chaos) -> None:
     victim = chaos.pid("rank-1.pid")
     row, state = _fault_on_the_ranks(chaos, "SIGKILL of a worker (rank 1)", _kill(victim), [victim])
     assert row.detected_s < 10
-    assert "rank 1 exited" in state.history[-1].reason, state.history[-1]
+    assert state.history[-1].reason.startswith("rank 1 was killed by signal 9"), state.history
 
 
 def test_sigkill_of_rank_0(chaos: Chaos) -> None:
     victim = chaos.pid("rank-0.pid")
     row, state = _fault_on_the_ranks(chaos, "SIGKILL of rank 0", _kill(victim), [victim])
     assert row.detected_s < 10
-    assert state.history[-1].what == "ranks"
+    assert state.history[-1].reason.startswith("rank 0 was killed by signal 9"), state.history
 
 
 def test_sigkill_of_mlx_launch(chaos: Chaos) -> None:
     victim = chaos.pid("ranks.pid")
     ranks = [chaos.pid("rank-0.pid"), chaos.pid("rank-1.pid")]  # orphaned: must not stay
-    row, _ = _fault_on_the_ranks(chaos, "SIGKILL of mlx.launch", _kill(victim), [victim, *ranks])
+    row, state = _fault_on_the_ranks(
+        chaos, "SIGKILL of mlx.launch", _kill(victim), [victim, *ranks]
+    )
     assert row.detected_s < 10
+    assert state.history[-1].reason == "mlx.launch was killed by signal 9", state.history
 
 
 def test_sigstop_of_a_worker_past_the_collective_timeout(chaos: Chaos) -> None:

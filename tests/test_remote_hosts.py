@@ -38,9 +38,11 @@ from tests.support.chaos import (
     ask,
     health,
     report,
+    restart_row,
     stream_with_fault,
     stream_with_link_change,
     wait_ready_again,
+    waited_and_succeeded,
 )
 from tests.support.delay_link import DelayedLink
 from tests.support.netns_hosts import NetnsHosts, Worker
@@ -281,17 +283,8 @@ def test_a_remote_rank_killed_mid_stream_ends_the_stream_and_the_cluster_comes_b
     for each in cluster.hosts.workers:
         _only_the_jobs_rank(cluster, each)
     assert not _alive(victim)
-    report(
-        Row(
-            fault="SIGKILL of a remote worker's rank (namespaces)",
-            client_saw=f"SSE error event ({end.error_code}) after {end.chunks} chunks",
-            detected_s=end.after_fault_s,
-            ready_again_s=ready_after,
-            lost=f"the stream in flight; a request sent during the restart waited {waited:.1f} s "
-            "and succeeded",
-            leftovers="none",
-        )
-    )
+    fault = "SIGKILL of a remote worker's rank (namespaces)"
+    report(restart_row(fault, end, ready_after, waited_and_succeeded(waited)))
 
 
 def test_a_workers_link_down_mid_stream_restarts_without_it(cluster: RemoteCluster) -> None:
@@ -318,11 +311,10 @@ def test_a_workers_link_down_mid_stream_restarts_without_it(cluster: RemoteClust
     warning = rf"WARNING starting without {re.escape(left)}: the model fits the other 2 rank\(s\)"
     assert re.search(warning, log), log[-2000:]
     report(
-        Row(
-            fault="a worker's link down mid-stream (DEGRADED_MODE=auto)",
-            client_saw=f"SSE error event ({end.error_code}) when the collective timed out",
-            detected_s=end.after_fault_s,
-            ready_again_s=ready_after,
+        restart_row(
+            "a worker's link down mid-stream (DEGRADED_MODE=auto)",
+            end,
+            ready_after,
             lost="the stream in flight; the cluster serves on without the worker",
             leftovers="none (the cut-off rank ends by its own watchdog)",
         )
@@ -345,16 +337,9 @@ def test_the_next_restart_takes_the_worker_back_once_it_answers(cluster: RemoteC
     status = cluster.launch("status")
     assert status.returncode == 0, status.stdout
     assert "Paris" in _ask_capital(cluster).choices[0].message.content
-    report(
-        Row(
-            fault="SIGKILL of a remote worker's rank while another is left out",
-            client_saw=f"SSE error event ({end.error_code}) after {end.chunks} chunks",
-            detected_s=end.after_fault_s,
-            ready_again_s=ready_after,
-            lost="the stream in flight; the restart took the left-out worker back (3 ranks)",
-            leftovers="none",
-        )
-    )
+    fault = "a worker's link back up, then SIGKILL of another worker's rank"
+    lost = "the stream in flight; the restart took the left-out worker back (3 ranks)"
+    report(restart_row(fault, end, ready_after, lost))
 
 
 def test_100_ms_on_a_workers_link_while_streaming(cluster: RemoteCluster) -> None:

@@ -225,6 +225,27 @@ class Row:
     leftovers: str
 
 
+def restart_row(
+    fault: str, end: StreamEnd, ready_again_s: float, lost: str, leftovers: str = "none"
+) -> Row:
+    """The row of a fault that ended the ranks' job: the stream's end, then the restart."""
+    return Row(
+        fault=fault,
+        client_saw=f"SSE error event ({end.error_code}) after {end.chunks} chunks",
+        detected_s=end.after_fault_s,
+        ready_again_s=ready_again_s,
+        lost=lost,
+        leftovers=leftovers,
+    )
+
+
+def waited_and_succeeded(seconds: float) -> str:
+    return (
+        f"the stream in flight; a request sent during the restart waited {seconds:.1f} s "
+        "and succeeded"
+    )
+
+
 def report(row: Row) -> None:
     print(
         f"\n{row.fault}: client saw {row.client_saw} after {row.detected_s:.2f} s; "

@@ -66,12 +66,17 @@ class SoakResult:
 
 
 async def soak(
-    endpoint: Endpoint, clients: int, seconds: float, max_tokens: int, pids: dict[str, int]
+    endpoint: Endpoint,
+    clients: int,
+    seconds: float,
+    max_tokens: int,
+    pids: dict[str, int],
+    warmup_s: float,
 ) -> SoakResult:
     """`clients` streaming loops for `seconds`; RSS of `pids` (name: pid) every second."""
     started = time.monotonic()
     deadline = started + seconds
-    result = SoakResult(seconds=seconds, results=[], warmup_s=min(15.0, seconds / 4))
+    result = SoakResult(seconds=seconds, results=[], warmup_s=warmup_s)
     result.samples = {name: [] for name in pids}
 
     async def client(index: int, http: httpx.AsyncClient) -> None:
