@@ -343,7 +343,8 @@ Usage: ./launch.sh COMMAND
 
   start     create .venv if needed, resolve the model, start the supervisor, which
             launches the ranks (mlx.launch) and api.py in the background and starts
-            again whatever ends; wait until /health is ready
+            again whatever ends; wait until /health is ready. --foreground: the
+            supervisor runs in this process instead (what the boot service runs)
   stop      end the supervisor, api.py and every rank (local and remote); safe to repeat
   restart   stop, then start
   status    the supervisor (restarts, last failure), each rank and host, rank 0's state
