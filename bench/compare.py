@@ -28,10 +28,14 @@ from pathlib import Path
 
 from bench.even_model import make_even_variant
 from bench.loadgen import (
+    AGENT_QUESTIONS,
+    Endpoint,
     RequestResult,
     Summary,
+    agent_system_prompt,
     essay_prompt,
     long_prompt,
+    run_conversation,
     run_load,
     summarize,
     table,
@@ -103,7 +107,28 @@ def run_workloads(server, args: argparse.Namespace, counter, tag: str) -> dict:
     )
     long = [long_prompt(args.long_tokens, f"{tag}-l{i}", counter) for i in range(args.long_trials)]
     out["long"] = load(f"{args.long_tokens}-token prompt", long, 1, args.long_max_tokens)
+    if args.agent_conversations:
+        out |= agent_workload(endpoint, args, counter, tag)
     return out
+
+
+def agent_workload(endpoint: Endpoint, args: argparse.Namespace, counter, tag: str) -> dict:
+    """Agents resending their conversation: a long system prompt, 4 turns each; the first
+    turns and the later turns summarized apart."""
+    first: list[RequestResult] = []
+    later: list[RequestResult] = []
+    for i in range(args.agent_conversations):
+        system = agent_system_prompt(args.agent_system_tokens, f"{tag}-a{i}", counter)
+        turns = asyncio.run(
+            run_conversation(endpoint, system, AGENT_QUESTIONS, args.agent_max_tokens)
+        )
+        first.append(turns[0])
+        later += turns[1:]
+    label = f"agent, {args.agent_system_tokens}-token system"
+    return {
+        "agent_first": summarize(f"{label}, turn 1", 1, first),
+        "agent_later": summarize(f"{label}, turns 2-4", 1, later),
+    }
 
 
 def token_counter(model_dir: Path):
@@ -158,6 +183,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=1500)
     parser.add_argument("--long-trials", type=int, default=3)
     parser.add_argument("--long-max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--agent-conversations", type=int, default=2, help="multi-turn agent runs (0: none)"
+    )
+    parser.add_argument("--agent-system-tokens", type=int, default=1500)
+    parser.add_argument("--agent-max-tokens", type=int, default=32)
     parser.add_argument("--idle", type=float, default=10.0, help="idle CPU window, seconds")
     parser.add_argument("--workload-timeout", type=float, default=420.0, help="seconds")
     parser.add_argument("--openblas-threads", default="", help="OPENBLAS_NUM_THREADS for both")

@@ -82,7 +82,9 @@ class RequestResult:
     end: float = 0.0  # seconds after start when the stream ended
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the server reports as reused from its cache
     chunk_times: list[float] = field(default_factory=list)  # content deltas
+    text: str = ""  # the answer
 
     @property
     def ttft(self) -> float | None:
@@ -191,11 +193,16 @@ class Endpoint:
 
 
 async def stream_chat(
-    client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, max_tokens: int
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    prompt: str | list[dict[str, str]],
+    max_tokens: int,
 ) -> RequestResult:
-    """Send one greedy streaming chat completion and time its content deltas."""
+    """Send one greedy streaming chat completion (a user prompt, or whole messages) and
+    time its content deltas."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body: dict = {
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -246,10 +253,13 @@ def _read_event(line: str, result: RequestResult) -> bool:
         content = (choice.get("delta") or {}).get("content")
         if content:
             result.chunk_times.append(time.perf_counter() - result.start)
+            result.text += content
     usage = event.get("usage")
     if usage:
         result.prompt_tokens = usage.get("prompt_tokens", 0)
         result.completion_tokens = usage.get("completion_tokens", 0)
+        details = usage.get("prompt_tokens_details") or {}
+        result.cached_tokens = details.get("cached_tokens") or 0
     return False
 
 
@@ -273,6 +283,45 @@ async def run_load(
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return [r for r in results if r is not None]
+
+
+async def run_conversation(
+    endpoint: Endpoint, system: str, questions: Sequence[str], max_tokens: int
+) -> list[RequestResult]:
+    """An agent's conversation: each turn resends the whole history (system prompt, every
+    question and answer so far) plus the next question; one result per turn."""
+    messages = [{"role": "system", "content": system}]
+    results = []
+    timeout = httpx.Timeout(endpoint.timeout, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        for question in questions:
+            messages.append({"role": "user", "content": question})
+            result = await stream_chat(client, endpoint, list(messages), max_tokens)
+            results.append(result)
+            messages.append({"role": "assistant", "content": result.text})
+    return results
+
+
+def agent_system_prompt(target_tokens: int, tag: str, count: Callable[[str], int]) -> str:
+    """A coding agent's long system prompt (tools, rules, a project map) of about
+    `target_tokens` tokens, unique per `tag`."""
+    rule = (
+        "Rule {i}: before you change file module_{i}.py, read it, run its tests, keep the "
+        "public names stable, explain the change in one line and never touch generated code."
+    )
+    head = f"[{tag}] You are a coding agent working in a large repository.\n"
+    rules: list[str] = []
+    while count(head + "\n".join(rules)) < target_tokens:
+        rules.append(rule.format(i=len(rules)))
+    return head + "\n".join(rules)
+
+
+AGENT_QUESTIONS = [
+    "List the three rules you consider most important.",
+    "Which module would you read first, and why?",
+    "Summarize your plan in two sentences.",
+    "What will you check before you finish?",
+]
 
 
 # ---- output -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ TARGETS = [
     ("decode tok/s per request, 1 client (median)", "single", "decode_median", 1.0, True),
     ("aggregate tok/s, {c} clients", "concurrent", "throughput", 1.2, True),
     ("time to first token, long prompt (median s)", "long", "ttft_median", 1.0, False),
+    ("time to first token, agent turns 2-4 (median s)", "agent_later", "ttft_median", 1.0, False),
 ]
 INFO = [
     ("time to first token, 1 client (median s)", "single", "ttft_median", True),
@@ -31,6 +32,7 @@ INFO = [
     ("completion tokens, 1 client (all requests)", "single", "tokens", None),
     ("completion tokens, {c} clients (all requests)", "concurrent", "tokens", None),
     ("prompt tokens, long prompt (median)", "long", "prompt_tokens", None),
+    ("time to first token, agent turn 1 (median s)", "agent_first", "ttft_median", False),
     ("idle CPU, all processes (% of a core)", "idle", "cpu", False),
 ]
 
@@ -202,14 +204,35 @@ def markdown_report(
         f"- Workloads: 1 client x {args.single_requests} requests x {args.max_tokens} tokens; "
         f"{args.concurrency} clients x {args.rounds} request(s) x {args.max_tokens} tokens; "
         f"{args.long_trials} prompts of about {args.long_tokens} tokens x "
-        f"{args.long_max_tokens} tokens. Greedy; every prompt starts with a unique tag "
-        "(no prompt-cache hits); 2 warm-up requests per server first. `load`: the 1-minute "
-        "load average when the workload started.",
+        f"{args.long_max_tokens} tokens; {args.agent_conversations} agent conversations of 4 "
+        f"turns x {args.agent_max_tokens} tokens after a {args.agent_system_tokens}-token "
+        "system prompt, each turn resending the whole conversation. Greedy; every prompt "
+        "starts with a unique tag (prompt-cache hits only within an agent conversation); "
+        "2 warm-up requests per server first. `load`: the 1-minute load average when the "
+        "workload started.",
         "",
     ]
     for key, by_server in results.items():
         lines += [f"## {key}", ""]
         for peer_name in [name for name in by_server if name.startswith(PEER)]:
             lines += [*ratios_table(by_server, peer_name), ""]
-        lines += [*summaries_table(by_server), ""]
+        lines += [*agent_lines(by_server), *summaries_table(by_server), ""]
     return "\n".join(lines)
+
+
+def agent_lines(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
+    """Each server's later agent turns against its own first turn (target for ours: 0.1x)."""
+    lines = []
+    for name, workloads in by_server.items():
+        if not isinstance(workloads, dict) or "agent_later" not in workloads:
+            continue
+        first = figure(workloads["agent_first"], "ttft_median")
+        later = figure(workloads["agent_later"], "ttft_median")
+        r = ratio(later, first)
+        verdict = "" if name != OURS or r is None else (" (met)" if r <= 0.1 else " (missed)")
+        shown = "-" if r is None else f"{r:.3f}x"
+        lines.append(
+            f"- {name}: agent turns 2-4 wait {shown} of turn 1's time to first token"
+            + (f", target <= 0.1x{verdict}" if name == OURS else "")
+        )
+    return [*lines, ""] if lines else []

@@ -58,6 +58,20 @@ def parse_rank_weights(text: str) -> RankWeights:
     return weights
 
 
+_BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int | None:
+    """'' -> None (the default); '0', '512MiB', '2GiB', '1.5G', '1048576' -> bytes."""
+    if not text.strip():
+        return None
+    found = _BYTES.match(text)
+    if found is None:
+        raise ValueError("must be a size such as 0, 512MiB or 2GiB (empty: the default)")
+    return int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
+
+
 class Settings(BaseSettings):
     """Every variable the project reads. `.env.example` documents each one."""
 
@@ -74,6 +88,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("MODEL", "MODEL_REPO"),
         description="Local MLX directory, Hugging Face repo id, .gguf path; empty = default",
     )
+    served_model_name: str = Field(default="", max_length=256)
     model_cache_dir: Path = Field(default=Path.home() / ".cache" / "mlx-ring")
     import_dtype: Literal["auto", "quantized", "float32", "float16", "bfloat16"] = "auto"
 
@@ -97,7 +112,14 @@ class Settings(BaseSettings):
     max_sequence_length: int = Field(default=4096, ge=16)
     max_batch_size: int = Field(default=8, ge=1, le=256)
     default_max_tokens: int = Field(default=512, ge=1)
+    # Sampling when a request sets none and the model has no generation_config.json value
+    default_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    default_top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    default_top_k: int = Field(default=0, ge=0)
+    default_min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     prefill_chunk_size: int = Field(default=256, ge=16)
+    # per rank; None: 25% of the memory each rank has left after its weights
+    prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 
     # Timeouts and logging
     request_timeout_seconds: float = Field(default=300.0, gt=0)
@@ -130,6 +152,11 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_rank_weights(cls, value: object) -> object:
         return parse_rank_weights(value) if isinstance(value, str) else value
+
+    @field_validator("prefix_cache_bytes", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
 
     @field_validator("remote_dir", mode="before")
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +15,9 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
-from acquisition.source import ModelSourceError, resolve_model
+from acquisition.source import ModelSourceError, resolve_model, served_names
 from config import Settings
-from distributed.hosts import gather_hosts
+from distributed.hosts import RankHost, gather_hosts
 from distributed.pipeline import PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
 from distributed.tensor_parallel import shard_model
@@ -32,12 +33,22 @@ class ModelLoadError(Exception):
 class ModelInfo:
     """What this rank loaded: complete once the load returns."""
 
-    model_id: str
+    model_id: str  # the served id (acquisition.source.served_names)
+    aliases: list[str]  # older names that select it
     path: Path
     config: dict
     plan: Plan
     rank: int
     weight_bytes: int
+    hosts: list[RankHost]
+
+    @property
+    def host(self) -> RankHost:
+        return self.hosts[self.rank]
+
+    @property
+    def ranks_on_host(self) -> int:
+        return sum(1 for host in self.hosts if host.host == self.host.host)
 
     @property
     def share(self) -> str:
@@ -51,14 +62,22 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(array.nbytes for _, array in arrays)
 
 
-def _materialize(model: nn.Module) -> None:
+Progress = Callable[[int, int], None]  # (layers loaded, layers in all)
+
+
+def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
     # Layer by layer, so a rank's peak stays near one full layer above its own share.
-    for layer in getattr(model, "layers", []):
+    layers = [layer for layer in getattr(model, "layers", []) if layer is not None]
+    for done, layer in enumerate(layers, start=1):
         mx.eval(layer.parameters())
+        if progress is not None:
+            progress(done, len(layers))
     mx.eval(model.parameters())
 
 
-def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) -> nn.Module:
+def load_rank_model(
+    model_dir: Path, group: mx.distributed.Group, plan: Plan, progress: Progress | None = None
+) -> nn.Module:
     """This rank's part of the model in `model_dir` per `plan`, evaluated, after a barrier.
 
     Called like an mlx-lm model: `model(tokens, cache=cache)` returns logits whose last
@@ -79,7 +98,7 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
         model = shard_model(model, plan, group)
     elif plan.strategy == "pipeline":
         model = PipelineStage(model, plan, group)
-    _materialize(model)
+    _materialize(model, progress)
     log.info(
         "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s",
         group.rank(),
@@ -92,8 +111,11 @@ def load_rank_model(model_dir: Path, group: mx.distributed.Group, plan: Plan) ->
     return model
 
 
-def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.Module, ModelInfo]:
-    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step."""
+def load_for_rank(
+    settings: Settings, group: mx.distributed.Group, progress: Progress | None = None
+) -> tuple[nn.Module, ModelInfo]:
+    """This rank's part of MODEL and what it holds. Every rank calls it in lock-step;
+    `progress(done, total)` follows the layers it materializes."""
     try:
         model_dir = Path(resolve_model(settings))
     except ModelSourceError as exc:
@@ -105,13 +127,16 @@ def load_for_rank(settings: Settings, group: mx.distributed.Group) -> tuple[nn.M
         plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
-    model = load_rank_model(model_dir, group, plan)
+    model = load_rank_model(model_dir, group, plan, progress)
+    model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
-        model_id=settings.model or model_dir.name,
+        model_id=model_id,
+        aliases=aliases,
         path=model_dir,
         config=config,
         plan=plan,
         rank=group.rank(),
         weight_bytes=weight_bytes(model),
+        hosts=hosts,
     )
     return model, info

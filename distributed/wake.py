@@ -14,6 +14,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from distributed.broadcast import Broadcaster
 
@@ -36,18 +37,59 @@ class WakeSender:
         for conn in self.connections:
             conn.sendall(WAKE_BYTE)
 
-    def collect_ready(self) -> list[dict]:
-        """Block (no CPU) until every worker reported ready; their reports in rank order."""
-        reports = []
-        for rank, conn in enumerate(self.connections, start=1):
-            line = bytearray()
-            while not line.endswith(b"\n"):
-                chunk = conn.recv(4096)
+    def collect_ready(
+        self, on_progress: Callable[[int, int, int], None] | None = None
+    ) -> list[dict[str, Any]]:
+        """Block (no CPU) until every worker reported ready; their reports in rank order.
+        Progress lines a worker sends while loading go to `on_progress(rank, done, total)`."""
+        waiting = dict(enumerate(self.connections, start=1))
+        buffers = {rank: bytearray() for rank in waiting}
+        reports: dict[int, dict[str, Any]] = {}
+        while waiting:
+            readable, _, _ = select.select(list(waiting.values()), [], [])
+            for rank, conn in list(waiting.items()):
+                if conn not in readable:
+                    continue
+                chunk = conn.recv(65536)
                 if not chunk:
                     raise WakeError(f"rank {rank} closed the wake channel before it was ready")
-                line += chunk
-            reports.append(json.loads(line))
-        return reports
+                buffers[rank] += chunk
+                while b"\n" in buffers[rank]:
+                    line, _, rest = bytes(buffers[rank]).partition(b"\n")
+                    buffers[rank] = bytearray(rest)
+                    message = json.loads(line)
+                    if "progress" not in message:
+                        reports[rank] = message  # the ready report: nothing follows it
+                        del waiting[rank]
+                        break
+                    if on_progress is not None:
+                        on_progress(rank, *message["progress"])
+        return [reports[rank] for rank in sorted(reports)]
+
+    def collect_ready_in_background(
+        self, on_progress: Callable[[int, int, int], None]
+    ) -> Callable[[], list[dict[str, Any]]]:
+        """Start collect_ready on a thread (rank 0 loads its own part meanwhile); returns a
+        function that waits for the reports (and raises what the thread raised)."""
+        outcome: list[list[dict[str, Any]] | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(self.collect_ready(on_progress))
+            except (WakeError, OSError, ValueError) as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run, name="wake-ready", daemon=True)
+        thread.start()
+
+        def wait() -> list[dict[str, Any]]:
+            thread.join()
+            result = outcome[0]
+            if isinstance(result, BaseException):
+                raise WakeError(str(result))
+            return result
+
+        return wait
 
     def watch(self, on_lost: Callable[[int], None]) -> None:
         """Call `on_lost(rank)` from a thread when a worker's end closes (it exited).
@@ -83,9 +125,13 @@ class WakeReceiver:
         if not data:
             raise WakeError("rank 0 closed the wake channel")
 
-    def send_ready(self, report: dict) -> None:
+    def send_ready(self, report: dict[str, Any]) -> None:
         """Tell rank 0 this rank has loaded its part (one JSON line)."""
         self.conn.sendall(json.dumps(report).encode() + b"\n")
+
+    def send_progress(self, done: int, total: int) -> None:
+        """Tell rank 0 how far this rank's load is (one JSON line; for its status)."""
+        self.conn.sendall(json.dumps({"progress": [done, total]}).encode() + b"\n")
 
     def close(self) -> None:
         self.conn.close()

@@ -3,7 +3,8 @@
 Every rank holds the same state in the same order. New sequences prefill alone with
 their own KV cache, in chunks under a per-step token budget (PREFILL_CHUNK_SIZE), so a
 long prompt never stalls the running batch for long; when a prompt is done its cache
-joins the decode batch (a left-padded BatchKVCache per layer).
+joins the decode batch (a left-padded BatchKVCache per layer). A sequence may start from
+a prefix-cache entry (engine/prefix_store.py) and prefill only the rest of its prompt.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.step_plan import StepPlan, batch_fingerprint
+from engine.prefix_store import PrefixStore
+from engine.step_plan import Insert, StepPlan, batch_fingerprint
 
 PHASE_PREFILL = 0
 PHASE_DECODE = 1
@@ -31,10 +33,20 @@ class PlanMismatchError(Exception):
 
 @dataclass(eq=False)
 class _Prefill:
+    """A sequence still prefilling: `tokens` after its cached prefix, `position` of them
+    done; `store_as` a prefix entry to keep its prompt's KV in once prefilled (0: none)."""
+
     seq_id: int
     tokens: list[int]
+    prefix_len: int = 0
+    store_as: int = 0
     position: int = 0
     cache: list = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        """Positions in its cache."""
+        return self.prefix_len + self.position
 
 
 @dataclass
@@ -68,8 +80,14 @@ class BatchEngine:
         self._decode_cache: list | None = None
         self._next_tokens: list[int] = []
         self.prefilling: list[_Prefill] = []
+        self.prefix = PrefixStore()
 
     # ---- bookkeeping -------------------------------------------------------------
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions held in the caches of the running batch (decoding and prefilling)."""
+        return sum(self.decode_lengths) + sum(p.length for p in self.prefilling)
 
     @property
     def size(self) -> int:
@@ -80,8 +98,8 @@ class BatchEngine:
         """Digest of the batch this rank holds now (before the next plan)."""
         pairs = zip(self.decode_ids, self.decode_lengths, strict=True)
         entries = [(s, PHASE_DECODE, n) for s, n in pairs]
-        entries += [(p.seq_id, PHASE_PREFILL, p.position) for p in self.prefilling]
-        return batch_fingerprint(self.step_index, entries)
+        entries += [(p.seq_id, PHASE_PREFILL, p.length) for p in self.prefilling]
+        return batch_fingerprint(self.step_index, entries, self.prefix.digest())
 
     def check(self, plan: StepPlan) -> None:
         """Raise PlanMismatchError when rank 0's batch is not ours."""
@@ -94,7 +112,11 @@ class BatchEngine:
             )
 
     def apply(self, plan: StepPlan) -> None:
-        """Remove, set the next tokens, queue inserts (no compute yet)."""
+        """Evict, store, remove, set the next tokens, queue inserts (no forward yet)."""
+        for entry in plan.evicts:
+            self.prefix.drop(entry)
+        for store in plan.stores:
+            self._store(store.seq_id, store.entry, store.length)
         removes = set(plan.removes)
         if removes:
             self.prefilling = [p for p in self.prefilling if p.seq_id not in removes]
@@ -116,7 +138,31 @@ class BatchEngine:
             )
         self._next_tokens = list(plan.tokens)
         for insert in plan.inserts:
-            self.prefilling.append(_Prefill(insert.seq_id, insert.tokens))
+            self.prefilling.append(self._start(insert))
+
+    def _start(self, insert: Insert) -> _Prefill:
+        entry = _Prefill(insert.seq_id, insert.tokens, insert.prefix_len, insert.store_as)
+        if insert.prefix_entry:
+            if insert.prefix_entry not in self.prefix.entries:
+                raise PlanMismatchError(
+                    f"sequence {insert.seq_id} starts from prefix entry "
+                    f"{insert.prefix_entry}, which this rank does not hold"
+                )
+            entry.cache = self.prefix.caches(insert.prefix_entry, insert.prefix_len)
+        return entry
+
+    def _store(self, seq_id: int, entry: int, length: int) -> None:
+        """Keep a decoding sequence's first `length` positions as prefix entry `entry`."""
+        if seq_id not in self.decode_ids or self._decode_cache is None:
+            raise PlanMismatchError(f"cannot store sequence {seq_id}: it is not decoding here")
+        row = self.decode_ids.index(seq_id)
+        if length > self.decode_lengths[row]:
+            raise PlanMismatchError(
+                f"cannot store {length} positions of sequence {seq_id}: it holds "
+                f"{self.decode_lengths[row]} on this rank"
+            )
+        rows = [layer.extract(row) for layer in self._decode_cache]
+        mx.eval(self.prefix.put(entry, rows, length))
 
     # ---- compute -----------------------------------------------------------------
 
@@ -135,6 +181,7 @@ class BatchEngine:
         prefill_tokens = 0
         # (entries, logits of their last positions, their batch cache or None)
         finished: list[tuple[list[_Prefill], mx.array, list | None]] = []
+        stored: list[mx.array] = []  # prompts kept as prefix entries this step
         group = self._fresh_group(budget)
         if len(group) > 1:
             logits, cache = self._prefill_together(group)
@@ -157,6 +204,8 @@ class BatchEngine:
             entry.position = end
             if end == len(entry.tokens):
                 finished.append(([entry], logits, None))
+                if entry.store_as:
+                    stored += self.prefix.put(entry.store_as, entry.cache, entry.length)
             else:
                 # Evaluate per chunk so the lazy graph of a long prompt stays small.
                 self._eval(_cache_arrays(entry.cache))
@@ -165,9 +214,11 @@ class BatchEngine:
             rows.append(last)
             seq_ids += [e.seq_id for e in entries]
             pending += _cache_arrays(shared if shared is not None else entries[0].cache)
+        if len(group) > 1:
+            stored += self._store_group(group, finished[0][2])
         output = mx.concatenate(rows, axis=0) if rows else None
         if output is not None:
-            self._eval([output, *pending])
+            self._eval([output, *pending, *stored])
         for entries, _, batch_cache in finished:
             self._join(entries, batch_cache)
         self.step_index += 1
@@ -178,7 +229,7 @@ class BatchEngine:
         group: list[_Prefill] = []
         width = 0
         for entry in self.prefilling:
-            if entry.position:
+            if entry.position or entry.prefix_len:
                 break
             wider = max(width, len(entry.tokens))
             if (len(group) + 1) * wider > budget:
@@ -200,6 +251,15 @@ class BatchEngine:
             entry.position = len(entry.tokens)
         return self._forward(tokens.astype(mx.uint32), cache), cache
 
+    def _store_group(self, group: list[_Prefill], cache: list | None) -> list[mx.array]:
+        """Keep the prompts of a batched prefill that asked for it, row by row."""
+        arrays: list[mx.array] = []
+        for row, entry in enumerate(group):
+            if entry.store_as and cache is not None:
+                rows = [layer.extract(row) for layer in cache]
+                arrays += self.prefix.put(entry.store_as, rows, entry.length)
+        return arrays
+
     def _eval(self, arrays: list) -> None:
         if self._guard is None:
             mx.eval(arrays)
@@ -219,7 +279,7 @@ class BatchEngine:
             for mine, theirs in zip(self._decode_cache, cache, strict=True):
                 mine.extend(theirs)
         self.decode_ids += [e.seq_id for e in entries]
-        self.decode_lengths += [len(e.tokens) for e in entries]
+        self.decode_lengths += [e.length for e in entries]
 
     def advance_idle(self) -> None:
         """Count a step that ran no compute (sleep/stop plans) so step numbers agree."""

@@ -43,33 +43,41 @@ class IncrementalDecoder:
         return after[len(before) :] if len(after) > len(before) else ""
 
 
+def partial_marker(text: str, markers: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of one of `markers`
+    (held back until the next text decides)."""
+    hold = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), 0, -1):
+            if text.endswith(marker[:size]):
+                hold = max(hold, size)
+                break
+    return hold
+
+
 class StopFilter:
     """Holds back text that may be the start of a stop string; finds the first stop.
 
     `push(text)` returns (text safe to send now, True when a stop string was hit); after
-    a hit the returned text ends just before the stop string.
+    a hit the returned text ends just before the stop string, and `matched` names it.
     """
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
+        self.matched: str | None = None
         self._pending = ""
 
     def push(self, text: str) -> tuple[str, bool]:
         if not self.stops:
             return text, False
         self._pending += text
-        hits = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s, i in ((s, self._pending.find(s)) for s in self.stops) if i >= 0]
         if hits:
-            out = self._pending[: min(hits)]
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            out = self._pending[:at]
             self._pending = ""
             return out, True
-        hold = 0
-        for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(self._pending)), 0, -1):
-                if self._pending.endswith(stop[:size]):
-                    hold = max(hold, size)
-                    break
-        cut = len(self._pending) - hold
+        cut = len(self._pending) - partial_marker(self._pending, self.stops)
         out, self._pending = self._pending[:cut], self._pending[cut:]
         return out, False
 

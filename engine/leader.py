@@ -22,7 +22,7 @@ from distributed.wake import WakeSender
 from engine.batch_engine import BatchEngine
 from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan
-from ipc.protocol import RankState, RankStatus, Status
+from ipc.protocol import Counters, LoadProgress, RankState, RankStatus, Status
 from ipc.server import Event, SocketServer
 
 EXIT_PEER_GONE = 5
@@ -48,12 +48,18 @@ def die(code: int, message: str, level: int = logging.ERROR) -> None:
 
 @dataclass
 class Booting:
-    """Rank 0 before its model is loaded: status says loading, submits are refused."""
+    """Rank 0 before its model is loaded: status says loading (with every rank's progress
+    as far as it reported it), submits are refused."""
 
     settings: Settings
     ident: RankIdentity
     started: float = field(default_factory=time.monotonic)
     state: RankState = RankState.LOADING
+    progress: dict[int, LoadProgress] = field(default_factory=dict)
+
+    def on_progress(self, rank: int, done: int, total: int) -> None:
+        """Any thread: rank `rank` has materialized `done` of its `total` layers."""
+        self.progress = self.progress | {rank: LoadProgress(rank=rank, done=done, total=total)}
 
     def status(self) -> Status:
         model = self.settings.model or "the default model"
@@ -66,6 +72,7 @@ class Booting:
             max_batch_size=self.settings.max_batch_size,
             max_sequence_length=self.settings.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
+            loading=[self.progress[rank] for rank in sorted(self.progress)],
         )
 
 
@@ -87,6 +94,7 @@ class Leader:
     started: float
     state: RankState = RankState.READY
     last_step_ms: float | None = None  # None until the first step ran
+    counters: Counters = field(default_factory=Counters)
     last_work: float = field(default_factory=time.monotonic)  # the last step (keep-warm timer)
     sleeping: bool = True  # the workers wait on the wake channel
 
@@ -99,6 +107,7 @@ class Leader:
             state=self.state,
             reason="serving" if self.state == RankState.READY else "a shutdown was requested",
             model_id=self.info.model_id,
+            model_aliases=self.info.aliases,
             model_info={k: config[k] for k in CONFIG_KEYS if k in config}
             | {"path": str(self.info.path)},
             backend=self.ident.backend,
@@ -109,6 +118,9 @@ class Leader:
             queued_requests=len(self.scheduler.queue),
             max_batch_size=self.settings.max_batch_size,
             last_step_ms=self.last_step_ms,
+            counters=self.counters.model_copy(),
+            kv_tokens=self.engine.kv_tokens,
+            prefix_cache=self.scheduler.prefix.stats(),
             max_sequence_length=self.settings.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
         )
@@ -201,6 +213,10 @@ class Leader:
         computed = time.perf_counter()
         self.last_work = time.monotonic()
         scheduler.on_result(result)
+        scheduler.prefix.bytes = engine.prefix.nbytes
+        self.counters.steps += 1
+        self.counters.decode_tokens += len(plan.tokens)
+        self.counters.prefill_tokens += result.prefill_tokens
         self._flush()
         done = time.perf_counter()
         self.last_step_ms = (done - started) * 1000

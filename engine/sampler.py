@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.sampling_defaults import SamplingDefaults
 from ipc.protocol import SamplingParams
 
 # top_p first looks among this many most likely tokens, then falls back to a full sort.
@@ -33,10 +34,15 @@ def _log_softmax(values: np.ndarray) -> np.ndarray:
 
 
 class RequestSampler:
-    """Samples the tokens of one request."""
+    """Samples the tokens of one request. Values the params leave unset should be filled
+    by the scheduler (the model's defaults); any still unset are neutral (greedy)."""
 
     def __init__(self, params: SamplingParams, prompt_tokens: list[int]) -> None:
-        self.params = params
+        self.params = params = SamplingDefaults().resolve(params)
+        self.temperature = params.temperature or 0.0
+        self.top_p = params.top_p or 1.0
+        self.top_k = params.top_k or 0
+        self.min_p = params.min_p or 0.0
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         self.rng = np.random.default_rng(seed)
         self._seen = np.unique(np.asarray(prompt_tokens, dtype=np.int64))
@@ -56,14 +62,14 @@ class RequestSampler:
         return logits
 
     def _choose(self, logits: np.ndarray) -> int:
-        p = self.params
-        if p.temperature == 0.0:
+        if self.temperature == 0.0:
             return int(np.argmax(logits))
-        scaled = logits / p.temperature
+        scaled = logits / self.temperature
         vocab = scaled.shape[0]
-        if 0 < p.top_k < vocab:
-            candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]
-        elif p.top_p < 1.0 and vocab > _TOP_P_CANDIDATES:
+        top_k, top_p = self.top_k, self.top_p
+        if 0 < top_k < vocab:
+            candidates = np.argpartition(-scaled, top_k - 1)[:top_k]
+        elif top_p < 1.0 and vocab > _TOP_P_CANDIDATES:
             candidates = np.argpartition(-scaled, _TOP_P_CANDIDATES - 1)[:_TOP_P_CANDIDATES]
         else:
             candidates = np.arange(vocab)
@@ -71,16 +77,16 @@ class RequestSampler:
         total = probs_all.sum()
         order = candidates[np.argsort(-scaled[candidates], kind="stable")]
         probs = probs_all[order] / total
-        if p.top_p < 1.0:
+        if top_p < 1.0:
             cumulative = np.cumsum(probs)
-            if cumulative[-1] < p.top_p and len(order) < vocab:
+            if cumulative[-1] < top_p and len(order) < vocab:
                 order = np.argsort(-scaled, kind="stable")
                 probs = probs_all[order] / total
                 cumulative = np.cumsum(probs)
-            keep = int(np.searchsorted(cumulative, p.top_p, side="left")) + 1
+            keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
             order, probs = order[:keep], probs[:keep]
-        if p.min_p > 0.0:
-            mask = probs >= p.min_p * probs[0]
+        if self.min_p > 0.0:
+            mask = probs >= self.min_p * probs[0]
             order, probs = order[mask], probs[mask]
         total = probs.sum()
         if not np.isfinite(total) or total <= 0:

@@ -1,8 +1,10 @@
 """Rank 0's scheduler: request queue, admission, step plans, sampling results -> messages.
 
 Only rank 0 runs this. It turns socket events into step plans and the logits of each
-step into Delta/Done messages, enforcing EOS, max_tokens, stop strings and the
-prompt-length limit (a refused prompt is answered here and never broadcast).
+step into Delta/Done messages, enforcing EOS, max_tokens, stop strings, grammar
+constraints and the prompt-length limit (a refused prompt is answered here and never
+broadcast). Constraints change only which token rank 0 samples, never what any rank
+computes.
 """
 
 from __future__ import annotations
@@ -17,14 +19,20 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from engine.answer import AnswerStream, Piece
 from engine.batch_engine import BatchEngine, StepResult
-from engine.detokenize import IncrementalDecoder, StopFilter, token_bytes
+from engine.constraints import GrammarTokens, TokenConstraint, apply_mask
+from engine.detokenize import token_bytes
+from engine.prefix_cache import PlanOps, PrefixCache
+from engine.request_setup import Refusal, RequestSetup, SetupResult
 from engine.sampler import RequestSampler, Sample
-from engine.step_plan import Insert, StepPlan
+from engine.sampling_defaults import SamplingDefaults
+from engine.step_plan import StepPlan
 from ipc.protocol import (
     Delta,
     Done,
     Error,
+    PromptTokensDetails,
     SamplingParams,
     Started,
     Submit,
@@ -50,14 +58,19 @@ class Request:
     prompt: list[int]
     submit: Submit
     sampler: RequestSampler
-    decoder: IncrementalDecoder
-    stops: StopFilter
+    answer: AnswerStream
+    constraint: TokenConstraint | None
     arrived: float
     generated: list[int] = field(default_factory=list)
     first_token_at: float | None = None
+    prefix_len: int = 0  # prompt tokens taken from the prefix cache
     unsent_ids: list[int] = field(default_factory=list)
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: str | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.submit.params.max_tokens
 
 
 class Scheduler:
@@ -68,8 +81,15 @@ class Scheduler:
         tokenizer: Any,
         max_batch_size: int,
         max_sequence_length: int,
+        prefix: PrefixCache | None = None,
+        *,
+        grammar: GrammarTokens | None = None,
+        defaults: SamplingDefaults | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.setup = RequestSetup(tokenizer, grammar)
+        self.defaults = defaults or SamplingDefaults()
+        self.prefix = prefix or PrefixCache(0)
         self.max_batch_size = max_batch_size
         self.max_sequence_length = max_sequence_length
         self.eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -85,64 +105,73 @@ class Scheduler:
 
     # ---- events from the socket ------------------------------------------------------
 
-    def _encode(self, submit: Submit) -> list[int]:
-        if submit.messages is not None:
-            messages = [m.model_dump() for m in submit.messages]
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return list(self.tokenizer.encode(submit.prompt or ""))
-
     def submit(self, conn: Any, submit: Submit) -> None:
-        """Validate, tokenize and queue a request, answering Started or Error."""
+        """Validate, render, tokenize and queue a request, answering Started or Error."""
         key = (conn, submit.id)
         if key in self.by_key:
             message = f"request id {submit.id!r} is already running on this connection"
             self._refuse(conn, submit.id, "duplicate_id", message)
             return
-        if (submit.messages is None) == (submit.prompt is None):
-            message = "give exactly one of 'messages' (chat) or 'prompt' (completion)"
-            self._refuse(conn, submit.id, "invalid_request", message)
-            return
         try:
-            prompt = self._encode(submit)
-        except Exception as exc:  # a template or tokenizer rejecting this input
-            message = f"cannot tokenize the prompt: {exc}"
-            self._refuse(conn, submit.id, "invalid_request", message)
+            setup = self.setup.prepare(submit)
+            self._check_length(submit, setup.prompt)
+        except Refusal as refusal:
+            self._refuse(conn, submit.id, refusal.code, str(refusal), refusal.param)
             return
-        if not prompt:
-            message = "the prompt is empty after tokenization; send at least one token"
-            self._refuse(conn, submit.id, "invalid_request", message)
+        if submit.count_only:
+            self._count(conn, submit, len(setup.prompt))
+            return
+        self._queue(conn, submit, setup)
+
+    def _check_length(self, submit: Submit, prompt: list[int]) -> None:
+        if submit.count_only:
             return
         limit = self.max_sequence_length - submit.params.max_tokens
         if len(prompt) > limit:
-            message = (
+            raise Refusal(
+                "prompt_too_long",
                 f"the prompt has {len(prompt)} tokens; with max_tokens="
                 f"{submit.params.max_tokens} it may have at most {max(limit, 0)} "
                 f"(MAX_SEQUENCE_LENGTH={self.max_sequence_length}); shorten the prompt "
-                "or lower max_tokens"
+                "or lower max_tokens",
             )
-            self._refuse(conn, submit.id, "prompt_too_long", message)
-            return
+
+    def _queue(self, conn: Any, submit: Submit, setup: SetupResult) -> None:
+        params = self.defaults.resolve(submit.params)
         request = Request(
             conn=conn,
             id=submit.id,
             seq_id=next(self._seq_ids),
-            prompt=prompt,
-            submit=submit,
-            sampler=RequestSampler(submit.params, prompt),
-            decoder=IncrementalDecoder(self.tokenizer),
-            stops=StopFilter(submit.params.stop),
+            prompt=setup.prompt,
+            submit=submit.model_copy(update={"params": params}),
+            sampler=RequestSampler(params, setup.prompt),
+            answer=AnswerStream(self.tokenizer, params.stop, setup.shape),
+            constraint=setup.constraint,
             arrived=time.monotonic(),
         )
-        self.by_key[key] = request
+        self.by_key[(conn, submit.id)] = request
         self.queue.append(request)
-        self.outbox.append((conn, Started(id=submit.id, prompt_tokens=len(prompt))))
+        self.outbox.append((conn, Started(id=submit.id, prompt_tokens=len(setup.prompt))))
 
-    def _refuse(self, conn: Any, request_id: str, code: str, message: str) -> None:
+    def _count(self, conn: Any, submit: Submit, prompt_tokens: int) -> None:
+        """A count_only request: its prompt's size, and nothing generated."""
+        self.outbox.append((conn, Started(id=submit.id, prompt_tokens=prompt_tokens)))
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+        timings = Timings(
+            time_to_first_token_s=0.0,
+            prompt_tokens_per_second=0.0,
+            generation_tokens_per_second=0.0,
+            total_time_s=0.0,
+        )
+        done = Done(id=submit.id, finish_reason="stop", usage=usage, timings=timings)
+        self.outbox.append((conn, done))
+
+    def _refuse(
+        self, conn: Any, request_id: str, code: str, message: str, param: str | None = None
+    ) -> None:
         log.info("refused request %s (%s): %s", request_id, code, message)
-        self.outbox.append((conn, Error(id=request_id, code=code, message=message)))
+        error = Error(id=request_id, code=code, message=message, param=param)
+        self.outbox.append((conn, error))
 
     def keep_warm(self) -> None:
         """Queue a one-token request of rank 0's own. After minutes of idle the machine may
@@ -177,18 +206,35 @@ class Scheduler:
         return bool(self.queue or self.to_remove or engine.size)
 
     def build_plan(self, engine: BatchEngine) -> StepPlan:
-        """The next plan: removes, next tokens of the decode batch, admitted inserts."""
+        """The next plan: prefix-cache stores and evictions, removes, next tokens of the
+        decode batch, admitted inserts (a request may wait for a prefix being stored)."""
         removes, self.to_remove = self.to_remove, []
         removed = set(removes)
         tokens = [self.next_token.pop(s) for s in engine.decode_ids if s not in removed]
         for seq_id in removed:
             self.next_token.pop(seq_id, None)
+        ops = PlanOps()
+        self.prefix.plan_stores(ops)
         room = self.max_batch_size - (engine.size - len(removed))
         inserts = []
-        while self.queue and room > 0:
-            request = self.queue.popleft()
+        for request in list(self.queue):
+            if room <= 0:
+                break
+            insert = self.prefix.admit(request.seq_id, request.prompt, ops)
+            if insert is None:
+                continue  # a prefilling request is about to store most of its prompt
+            self.queue.remove(request)
             self.active[request.seq_id] = request
-            inserts.append(Insert(request.seq_id, request.prompt))
+            request.prefix_len = insert.prefix_len
+            if insert.prefix_len:
+                log.debug(
+                    "prefix hit for request %s: %d of %d prompt tokens from entry %d",
+                    request.id,
+                    insert.prefix_len,
+                    len(request.prompt),
+                    insert.prefix_entry,
+                )
+            inserts.append(insert)
             room -= 1
         return StepPlan(
             step=engine.step_index,
@@ -196,6 +242,8 @@ class Scheduler:
             removes=removes,
             tokens=tokens,
             inserts=inserts,
+            stores=ops.stores,
+            evicts=ops.evicts,
         )
 
     def idle_plan(self, engine: BatchEngine, stop: bool = False) -> StepPlan:
@@ -221,6 +269,8 @@ class Scheduler:
                 self.next_token[seq_id] = 0  # removed next step; any token will do
                 continue
             try:
+                if request.constraint is not None:
+                    apply_mask(row, request.constraint.mask())
                 self._accept(request, request.sampler.sample(row), now)
             except Exception as exc:  # one request's trouble must never stop the loop
                 log.error("request %s failed while sampling or decoding: %r", request.id, exc)
@@ -235,26 +285,29 @@ class Scheduler:
     def _accept(self, request: Request, sample: Sample, now: float) -> None:
         if request.first_token_at is None:
             request.first_token_at = now
+            self.prefix.prefilled(request.seq_id)
         token = sample.token
         request.generated.append(token)
         self.next_token[request.seq_id] = token
         request.unsent_ids.append(token)
         if sample.logprob is not None:
             request.unsent_logprobs.append(self._logprob(token, sample))
+        if request.constraint is not None:
+            request.constraint.consume(token)
         if token in self.eos_ids:
-            self._emit(request, request.stops.flush(), final=True)
-            self._finish(request, "stop")
+            self._emit(request, request.answer.finish(complete=True), final=True)
+            self._finish(request, "stop", completed=True)
             return
-        text, hit = request.stops.push(request.decoder.add(token))
-        if hit:
-            self._emit(request, text, final=True)
-            self._finish(request, "stop")
-        elif len(request.generated) >= request.submit.params.max_tokens:
-            tail, _ = request.stops.push(request.decoder.flush())
-            self._emit(request, text + tail + request.stops.flush(), final=True)
-            self._finish(request, "length")
+        piece, hit = request.answer.push(token)
+        grammar_done = request.constraint is not None and request.constraint.finished
+        if hit or grammar_done:
+            self._emit(request, piece.add(request.answer.finish(complete=True)), final=True)
+            self._finish(request, "stop", completed=True)
+        elif len(request.generated) >= request.max_tokens:
+            self._emit(request, piece.add(request.answer.finish(complete=False)), final=True)
+            self._finish(request, "length", completed=True)
         else:
-            self._emit(request, text, final=False)
+            self._emit(request, piece, final=False)
 
     def _logprob(self, token: int, sample: Sample) -> TokenLogprob:
         def piece(t: int) -> tuple[str, list[int]]:
@@ -267,24 +320,33 @@ class Scheduler:
             top.append(TopLogprob(token=top_text, logprob=lp, bytes=top_raw))
         return TokenLogprob(token=text, logprob=sample.logprob, bytes=raw, top_logprobs=top)
 
-    def _emit(self, request: Request, text: str, final: bool) -> None:
-        if not (text or request.unsent_logprobs or (final and request.unsent_ids)):
+    def _emit(self, request: Request, piece: Piece, final: bool) -> None:
+        if not (piece or request.unsent_logprobs or (final and request.unsent_ids)):
             return
         delta = Delta(
             id=request.id,
-            text=text,
+            text=piece.text,
+            reasoning=piece.reasoning,
+            tool_calls=piece.tool_calls,
             token_ids=request.unsent_ids,
             logprobs=request.unsent_logprobs or None,
         )
         request.unsent_ids, request.unsent_logprobs = [], []
         self.outbox.append((request.conn, delta))
 
-    def _finish(self, request: Request, reason: str, notify: bool = True) -> None:
+    def _finish(
+        self, request: Request, reason: str, notify: bool = True, completed: bool = False
+    ) -> None:
+        """End a request; a `completed` one's prompt and answer go to the prefix cache."""
+        if reason == "stop" and request.answer.calls:
+            reason = "tool_calls"
         request.finished = reason
         self.by_key.pop((request.conn, request.id), None)
         if request.seq_id in self.active:
             del self.active[request.seq_id]
             self.to_remove.append(request.seq_id)
+            cached = request.prompt + request.generated[:-1]  # the last one was never fed
+            self.prefix.finished(request.seq_id, cached, completed)
         done = self._done(request, reason)
         if notify:
             self.outbox.append((request.conn, done))
@@ -309,10 +371,12 @@ class Scheduler:
         return Done(
             id=request.id,
             finish_reason=reason,
+            stop_sequence=request.answer.stop_sequence,
             usage=Usage(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion,
                 total_tokens=prompt_tokens + completion,
+                prompt_tokens_details=PromptTokensDetails(cached_tokens=request.prefix_len),
             ),
             timings=Timings(
                 time_to_first_token_s=ttft,

@@ -1,23 +1,29 @@
 """The step plan rank 0 broadcasts before every step: a compact, versioned binary form.
 
-Layout (little endian): header `<BBQQHHH` = version, flags, step, fingerprint,
-len(removes), len(tokens), len(inserts); then removes and tokens as uint32 arrays; then
-each insert as `<III` (seq id, prefix length, token count) followed by its uint32 tokens.
-`fingerprint` describes the batch every rank must hold *before* applying the plan.
+Layout (little endian): header `<BBQQHHHHH` = version, flags, step, fingerprint,
+len(removes), len(tokens), len(inserts), len(stores), len(evicts); then removes and tokens
+as uint32 arrays; each insert as `<IIIII` (seq id, prefix entry, prefix length, store-as
+entry, token count) followed by its uint32 tokens; each store as `<III` (seq id, entry,
+length); evicts as a uint32 array.
+`fingerprint` describes the batch and the prefix entries every rank must hold *before*
+applying the plan. Every rank applies a plan in one order: evicts, stores, removes, next
+tokens, inserts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 FLAG_STOP = 1
 FLAG_SLEEP = 2
 
-_HEADER = struct.Struct("<BBQQHHH")
-_INSERT = struct.Struct("<III")
+_HEADER = struct.Struct("<BBQQHHHHH")
+_INSERT = struct.Struct("<IIIII")
+_STORE = struct.Struct("<III")
 
 
 class PlanDecodeError(Exception):
@@ -26,11 +32,24 @@ class PlanDecodeError(Exception):
 
 @dataclass
 class Insert:
-    """A new sequence: its prompt tokens (prefix_len of them already cached, for later)."""
+    """A new sequence. It starts from the first `prefix_len` positions of prefix entry
+    `prefix_entry` (0: none) and prefills `tokens`, the rest of its prompt; with
+    `store_as` (0: none) every rank keeps its prompt's KV as that entry once prefilled."""
 
     seq_id: int
     tokens: list[int]
+    prefix_entry: int = 0
     prefix_len: int = 0
+    store_as: int = 0
+
+
+@dataclass
+class Store:
+    """Keep the first `length` cached positions of decoding sequence `seq_id` as `entry`."""
+
+    seq_id: int
+    entry: int
+    length: int
 
 
 @dataclass
@@ -40,6 +59,8 @@ class StepPlan:
     removes: sequences to drop (finished, cancelled, disconnected).
     tokens: the next input token of each decoding sequence, in batch order after removes.
     inserts: sequences to start prefilling.
+    stores: decoding sequences whose KV becomes a prefix entry (before their removal).
+    evicts: prefix entries every rank drops.
     """
 
     step: int
@@ -47,6 +68,8 @@ class StepPlan:
     removes: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     inserts: list[Insert] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+    evicts: list[int] = field(default_factory=list)
     stop: bool = False
     sleep: bool = False
 
@@ -62,20 +85,27 @@ class StepPlan:
                 len(self.removes),
                 len(self.tokens),
                 len(self.inserts),
+                len(self.stores),
+                len(self.evicts),
             ),
             struct.pack(f"<{len(self.removes)}I", *self.removes),
             struct.pack(f"<{len(self.tokens)}I", *self.tokens),
         ]
-        for insert in self.inserts:
-            parts.append(_INSERT.pack(insert.seq_id, insert.prefix_len, len(insert.tokens)))
-            parts.append(struct.pack(f"<{len(insert.tokens)}I", *insert.tokens))
+        for i in self.inserts:
+            parts.append(
+                _INSERT.pack(i.seq_id, i.prefix_entry, i.prefix_len, i.store_as, len(i.tokens))
+            )
+            parts.append(struct.pack(f"<{len(i.tokens)}I", *i.tokens))
+        parts += [_STORE.pack(s.seq_id, s.entry, s.length) for s in self.stores]
+        parts.append(struct.pack(f"<{len(self.evicts)}I", *self.evicts))
         return b"".join(parts)
 
     @classmethod
     def decode(cls, data: bytes) -> StepPlan:
         """Parse bytes made by `encode`; PlanDecodeError on anything else."""
         try:
-            version, flags, step, fingerprint, n_rm, n_tok, n_ins = _HEADER.unpack_from(data)
+            header = _HEADER.unpack_from(data)
+            version, flags, step, fingerprint, n_rm, n_tok, n_ins, n_st, n_ev = header
             if version != PLAN_VERSION:
                 raise PlanDecodeError(
                     f"step plan version {version}, this rank understands {PLAN_VERSION}"
@@ -87,11 +117,19 @@ class StepPlan:
             offset += 4 * n_tok
             inserts = []
             for _ in range(n_ins):
-                seq_id, prefix_len, count = _INSERT.unpack_from(data, offset)
+                seq_id, prefix_entry, prefix_len, store_as, count = _INSERT.unpack_from(
+                    data, offset
+                )
                 offset += _INSERT.size
                 ids = list(struct.unpack_from(f"<{count}I", data, offset))
                 offset += 4 * count
-                inserts.append(Insert(seq_id, ids, prefix_len))
+                inserts.append(Insert(seq_id, ids, prefix_entry, prefix_len, store_as))
+            stores = []
+            for _ in range(n_st):
+                stores.append(Store(*_STORE.unpack_from(data, offset)))
+                offset += _STORE.size
+            evicts = list(struct.unpack_from(f"<{n_ev}I", data, offset))
+            offset += 4 * n_ev
         except struct.error as exc:
             raise PlanDecodeError(f"truncated or malformed step plan: {exc}") from None
         if offset != len(data):
@@ -102,12 +140,18 @@ class StepPlan:
             removes=removes,
             tokens=tokens,
             inserts=inserts,
+            stores=stores,
+            evicts=evicts,
             stop=bool(flags & FLAG_STOP),
             sleep=bool(flags & FLAG_SLEEP),
         )
 
 
-def batch_fingerprint(step: int, entries: list[tuple[int, int, int]]) -> int:
-    """64-bit digest of the step number and (seq id, phase, length) of every sequence."""
+def batch_fingerprint(
+    step: int, entries: list[tuple[int, int, int]], prefix: Sequence[tuple[int, int]] = ()
+) -> int:
+    """64-bit digest of the step number, (seq id, phase, length) of every sequence, and
+    (entry, length) of every prefix-cache entry held."""
     packed = struct.pack("<Q", step) + b"".join(struct.pack("<IBI", *e) for e in entries)
+    packed += b"".join(struct.pack("<II", *item) for item in prefix)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")

@@ -11,11 +11,15 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from config.settings import Settings
+from gateway import dashboard
+from gateway.anthropic import errors as anthropic_errors
+from gateway.anthropic import messages
 from gateway.errors import install_error_handlers
 from gateway.middleware import AccessLog, BodyLimit
 from gateway.openai import chat, completions, models
 from gateway.rank_client import RankClient
 from gateway.routers import health, info, metrics
+from gateway.telemetry import Telemetry
 from ipc.supervisor_state import STATE_ENV, StateReader
 
 
@@ -35,16 +39,24 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(
         title="MLX ring inference",
-        description="OpenAI-compatible API in front of an MLX distributed cluster.",
+        description="OpenAI- and Anthropic-compatible API in front of an MLX distributed cluster.",
         version="0.1.0",
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.rank_client = client
-    app.state.metrics = metrics.Metrics()
+    telemetry = Telemetry()
+    client.on_status = telemetry.observe
+    app.state.telemetry = telemetry
+    app.state.metrics = metrics.Metrics(
+        lambda: client.status.prefix_cache if client.status is not None else None,
+        telemetry.rates,
+    )
     app.state.started_at = int(time.time())
-    for module in (chat, completions, models, health, info, metrics):
+    app.state.error_shapes = [(anthropic_errors.PREFIX, anthropic_errors.error_response)]
+    for module in (chat, completions, messages, models, health, info, metrics, dashboard):
         app.include_router(module.router)
+    dashboard.mount_static(app)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(AccessLog, metrics=app.state.metrics)

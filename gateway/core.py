@@ -25,26 +25,42 @@ from fastapi.responses import StreamingResponse
 from gateway import sse
 from gateway.errors import APIError, unavailable
 from gateway.rank_client import ConnectionLost, RankClient, RanksUnavailable, RequestEvent
-from ipc.protocol import Delta, Done, Error, Started, Submit, TokenLogprob
+from ipc.protocol import (
+    Delta,
+    Done,
+    Error,
+    Started,
+    Submit,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+)
 
 log = logging.getLogger("ring.api")
 
 
-def model_aliases(model_id: str) -> set[str]:
-    """Names that select the served model: its id, the id's last path part (with and
-    without a .gguf suffix) and "default"; compared case-insensitively."""
-    name = PurePath(model_id.rstrip("/")).name
-    names = {model_id, name, name.removesuffix(".gguf"), "default"}
+def model_aliases(model_id: str, others: Iterable[str] = ()) -> set[str]:
+    """Names that select the served model: its id and older names rank 0 reports, each
+    with its last path part (with and without a .gguf suffix), and "default"; compared
+    case-insensitively."""
+    names = {"default"}
+    for known in (model_id, *others):
+        name = PurePath(known.rstrip("/")).name
+        names |= {known, name, name.removesuffix(".gguf")}
     return {alias.casefold() for alias in names if alias}
 
 
-def served_model(client: RankClient, requested: str) -> str:
-    """The served model id for `requested`; 404 model_not_found or 503 when unknown."""
+def served_model(client: RankClient, requested: str | None) -> str:
+    """The served model id for `requested` (None: the served model); 404 model_not_found
+    or 503 when unknown."""
     model_id = client.model_id
     if model_id is None:
         now = client.availability()
         raise unavailable(f"The ranks are not available: {now.reason}.", now.retry_after or 2)
-    if requested.casefold() not in model_aliases(model_id):
+    if requested is None:
+        return model_id
+    if requested.casefold() not in model_aliases(model_id, client.model_aliases):
         raise APIError(
             404,
             f"The model '{requested}' does not exist on this server; it serves '{model_id}' "
@@ -53,6 +69,20 @@ def served_model(client: RankClient, requested: str) -> str:
             code="model_not_found",
         )
     return model_id
+
+
+def check_tool_choice(choice: ToolChoice, names: list[str]) -> None:
+    """A forced choice needs tools, and a named one must be among them."""
+    if choice.mode in ("required", "function") and not names:
+        raise ValueError(
+            f"tool_choice {choice.name or choice.mode!r} needs tools; send the tools the "
+            "model may call"
+        )
+    if choice.mode == "function" and choice.name not in names:
+        raise ValueError(
+            f"it names {choice.name!r}, which is not in tools ({', '.join(names)}); name one "
+            "of them"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,7 +132,7 @@ def rank_error(error: Error, prompt_param: str) -> APIError:
     if error.code == "prompt_too_long":
         return APIError(400, error.message, param=prompt_param, code="context_length_exceeded")
     if error.code == "invalid_request":
-        return APIError(400, error.message)
+        return APIError(400, error.message, param=error.param)
     if error.code in ("loading", "shutting_down"):
         return unavailable(f"The ranks cannot take requests now: {error.message}", 5)
     return APIError(
@@ -110,13 +140,29 @@ def rank_error(error: Error, prompt_param: str) -> APIError:
     )
 
 
+def assemble_calls(pieces: Iterable[ToolCallDelta]) -> list[ToolCall]:
+    """Whole tool calls from their streamed pieces (id and name first, then arguments)."""
+    calls: dict[int, ToolCall] = {}
+    for piece in pieces:
+        call = calls.get(piece.index)
+        if call is None:
+            call = calls[piece.index] = ToolCall(
+                id=piece.id or "", name=piece.name or "", arguments=""
+            )
+        call.arguments += piece.arguments
+    return [calls[index] for index in sorted(calls)]
+
+
 @dataclass
 class Collected:
-    """A whole generation: its text, per-token logprobs (when asked for) and Done."""
+    """A whole generation: its text, reasoning, tool calls, per-token logprobs (when asked
+    for) and Done."""
 
     text: str
     done: Done
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class Generation:
@@ -127,6 +173,7 @@ class Generation:
         self.request = request
         self.client: RankClient = state.rank_client
         self.metrics = state.metrics
+        self.telemetry = state.telemetry
         self.submit = submit
         self.prompt_param = prompt_param
         self.deadline = time.monotonic() + state.settings.request_timeout_seconds
@@ -175,6 +222,7 @@ class Generation:
                     if message.finish_reason == "cancelled":
                         raise unavailable("The ranks cancelled the request (shutting down?).", 5)
                     self.metrics.tokens.labels("completion").inc(message.usage.completion_tokens)
+                    self.telemetry.finished(message)
                     yield message
                     return
                 elif isinstance(message, Error):
@@ -186,20 +234,28 @@ class Generation:
     async def collect(self) -> Collected:
         """Every event, gathered: the whole text, its logprobs and the Done."""
         text: list[str] = []
+        reasoning: list[str] = []
+        pieces: list[ToolCallDelta] = []
         logprobs: list[TokenLogprob] = []
         async for message in self.events():
             if isinstance(message, Delta):
                 text.append(message.text)
+                reasoning.append(message.reasoning)
+                pieces += message.tool_calls
                 logprobs += message.logprobs or []
             else:
-                return Collected("".join(text), message, logprobs)
+                calls = assemble_calls(pieces)
+                return Collected("".join(text), message, logprobs, "".join(reasoning), calls)
         raise AssertionError("events() ends with Done or raises")
 
     def stream(
-        self, render: Callable[[Delta | Done], Iterable[str]], opening: Iterable[str] = ()
+        self,
+        render: Callable[[Delta | Done], Iterable[str]],
+        opening: Iterable[str] = (),
+        error: Callable[[APIError], str] = lambda exc: sse.event(exc.body()),
     ) -> StreamingResponse:
         """Server-sent events: `opening` at once, then `render` turns each event into SSE
-        lines; an error mid-stream becomes one error event in the API's error shape."""
+        lines; an error mid-stream becomes one `error` event (OpenAI's shape by default)."""
 
         async def lines() -> AsyncIterator[str]:
             try:
@@ -210,7 +266,7 @@ class Generation:
                         yield line
             except APIError as exc:
                 self.metrics.errors.labels(exc.type, exc.code or "").inc()
-                yield sse.event(exc.body())
+                yield error(exc)
             finally:
                 self.close()
 

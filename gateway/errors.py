@@ -1,8 +1,10 @@
-"""OpenAI-shaped errors: one exception type and the handlers that render every failure."""
+"""Errors: one exception type and the handlers that render every failure, in OpenAI's
+shape unless the route family registered its own (Anthropic's on /v1/messages*)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -94,11 +96,13 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
         detail = (first.get("ctx") or {}).get("error", "")
         message = f"The request body is not valid JSON ({detail}); send a JSON object."
         return APIError(400, message, code="invalid_json")
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if param is None:
         if kind == "missing":
             return APIError(400, "The request body is missing; send a JSON object.")
+        if kind == "value_error":  # a check across fields
+            return APIError(400, f"Invalid request: {message}.")
         return APIError(400, "The request body must be a JSON object.")
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     given = first.get("input")
     shown = ""
     if kind != "missing" and (given is None or isinstance(given, str | int | float | bool)):
@@ -111,14 +115,31 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
     return APIError(400, f"Invalid value for '{param}': {message}{shown}.", param=param)
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+# (path prefix, renderer): routes whose clients expect another error shape.
+ErrorShape = tuple[str, Callable[[APIError], JSONResponse]]
+
+
+def shaped(app_state: Any, path: str, error: APIError) -> JSONResponse:
+    """The error in the shape the clients of `path` expect (OpenAI's by default)."""
+    shapes: list[ErrorShape] = getattr(app_state, "error_shapes", [])
+    for prefix, render in shapes:
+        if path.startswith(prefix):
+            return render(error)
+    return error.response()
+
+
+def respond(request: Request, error: APIError) -> JSONResponse:
+    return shaped(request.app.state, request.url.path, error)
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return respond(request, exc)
 
 
-async def _validation(_: Request, exc: Exception) -> JSONResponse:
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return validation_error(list(exc.errors())).response()
+    return respond(request, validation_error(list(exc.errors())))
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:
@@ -133,13 +154,13 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     else:
         error = APIError(status, str(exc.detail))
     error.headers.update(exc.headers or {})
-    return error.response()
+    return respond(request, error)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("internal error on %s %s: %r", request.method, request.url.path, exc)
     message = "The server hit an internal error; the details are in api.log."
-    return APIError(500, message, type="server_error", code="internal_error").response()
+    return respond(request, APIError(500, message, type="server_error", code="internal_error"))
 
 
 def install_error_handlers(app: FastAPI) -> None:

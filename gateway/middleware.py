@@ -7,7 +7,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import APIError
+from gateway.errors import APIError, shaped
 from gateway.routers.metrics import Metrics
 
 log = logging.getLogger("ring.api")
@@ -29,6 +29,10 @@ class BodyLimit:
             code="request_too_large",
         )
 
+    def _refuse(self, scope: Scope, size: int | None) -> ASGIApp:
+        app = scope.get("app")
+        return shaped(getattr(app, "state", None), scope["path"], self._too_large(size))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
@@ -36,7 +40,7 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(int(declared)).response()(scope, receive, send)
+            await self._refuse(scope, int(declared))(scope, receive, send)
             return
         body = bytearray()
         while True:
@@ -46,7 +50,7 @@ class BodyLimit:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                await self._too_large(None).response()(scope, receive, send)
+                await self._refuse(scope, None)(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,9 @@ class RankClient:
         self.status: Status | None = None
         self.status_at = 0.0
         self.model_id: str | None = None
+        self.model_aliases: list[str] = []
         self.down_reason = "not connected to rank 0 yet"
+        self.on_status: Callable[[Status], None] | None = None  # every status rank 0 sends
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -250,6 +253,7 @@ class RankClient:
             if not isinstance(welcome, Welcome):
                 raise ValueError(f"rank 0 answered the handshake with {type(welcome).__name__}")
             self.model_id = welcome.model_id
+            self.model_aliases = welcome.model_aliases
             # A status from before the reconnect may say ready while rank 0 (restarted)
             # still loads: none until rank 0 answers ("connecting" meanwhile).
             self.status = None
@@ -290,6 +294,9 @@ class RankClient:
             self.status = message
             self.status_at = time.monotonic()
             self.model_id = message.model_id
+            self.model_aliases = message.model_aliases
+            if self.on_status is not None:
+                self.on_status(message)
             for waiter in self._status_waiters:
                 if not waiter.done():
                     waiter.set_result(message)

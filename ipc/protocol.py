@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: tools, output formats, reasoning, model aliases
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 HEADER_BYTES = 4
 
@@ -31,15 +31,17 @@ class _Message(BaseModel):
 
 
 class SamplingParams(BaseModel):
-    """Per-request decoding parameters, already validated by the API."""
+    """Per-request decoding parameters, already validated by the API. None: the served
+    model's default (its generation_config.json, else DEFAULT_TEMPERATURE and friends),
+    which rank 0 fills in."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: int = Field(ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     presence_penalty: float = 0.0
@@ -49,11 +51,71 @@ class SamplingParams(BaseModel):
     top_logprobs: int = Field(default=0, ge=0, le=20)
 
 
-class ChatMessage(BaseModel):
+class ToolCall(BaseModel):
+    """One function call: in an assistant message of the history, or parsed from the answer."""
+
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    id: str
+    name: str
+    arguments: str  # the arguments object as JSON text
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of the answer's `index`-th call: the first piece carries id and name, every
+    piece appends to the arguments' JSON text (OpenAI's streaming shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0)
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation. Assistant turns may carry earlier reasoning and tool
+    calls; a `tool` turn is the result of the call `tool_call_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None  # a tool turn: the function that produced it
+
+
+class ToolSpec(BaseModel):
+    """A function the model may call; `parameters` is a JSON schema of its arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolChoice(BaseModel):
+    """Whether the model may (auto), must not (none) or must (required, or the function
+    `name`) call a tool. Forced calls are enforced by a grammar on rank 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+class OutputFormat(BaseModel):
+    """A grammar the answer must follow: any JSON object, or one matching `json_schema`.
+    `param` is the request field it came from, named in errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+    param: str = "response_format"
 
 
 class TopLogprob(BaseModel):
@@ -70,16 +132,24 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class PromptTokensDetails(BaseModel):
+    """Of the prompt tokens, how many came from the prefix cache (OpenAI's field)."""
+
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     """Token counts of one request (OpenAI's field names)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
-# Why a request ended: EOS or a stop string, max_tokens, or cancelled at rank 0.
-FinishReason = Literal["stop", "length", "cancelled"]
+# Why a request ended: EOS or a stop string, the answer is tool calls, max_tokens, or
+# cancelled at rank 0.
+FinishReason = Literal["stop", "tool_calls", "length", "cancelled"]
 
 
 class RankState(StrEnum):
@@ -110,13 +180,27 @@ class Hello(_Message):
 
 
 class Submit(_Message):
-    """A generation request. Exactly one of `messages` (chat) or `prompt` (completion)."""
+    """A generation request. Exactly one of `messages` (chat) or `prompt` (completion).
+
+    Chats may offer `tools` (shown through the model's chat template, or a fallback prompt
+    when the template has no tool format) and constrain the answer (`tool_choice` required
+    or a function, `output`). `enable_thinking` None leaves the template's default.
+    `continue_final_message`: a final assistant turn is a prefill the answer continues.
+    `count_only`: render and count the prompt, answer Started then Done, generate nothing.
+    """
 
     type: Literal["submit"] = "submit"
     id: str = Field(min_length=1, max_length=128)
     messages: list[ChatMessage] | None = None
     prompt: str | None = None
     params: SamplingParams
+    tools: list[ToolSpec] = Field(default_factory=list)
+    tool_choice: ToolChoice = Field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    output: OutputFormat | None = None
+    enable_thinking: bool | None = None
+    continue_final_message: bool = False  # the answer continues the last (assistant) turn
+    count_only: bool = False
 
 
 class Cancel(_Message):
@@ -141,6 +225,7 @@ class Welcome(_Message):
     type: Literal["welcome"] = "welcome"
     protocol_version: int
     model_id: str
+    model_aliases: list[str] = Field(default_factory=list)
 
 
 class Started(_Message):
@@ -152,11 +237,14 @@ class Started(_Message):
 
 
 class Delta(_Message):
-    """New text for one request. `text` never ends in the middle of a UTF-8 character."""
+    """New output of one request: answer text, reasoning text (inside the model's thinking
+    markers) and pieces of tool calls. Text never ends in the middle of a UTF-8 character."""
 
     type: Literal["delta"] = "delta"
     id: str
     text: str
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
 
@@ -165,6 +253,7 @@ class Done(_Message):
     type: Literal["done"] = "done"
     id: str
     finish_reason: FinishReason
+    stop_sequence: str | None = None  # the stop string that ended the answer
     usage: Usage
     timings: Timings
 
@@ -188,6 +277,7 @@ class Error(_Message):
     id: str | None = None
     code: ErrorCode
     message: str
+    param: str | None = None  # the request field at fault, when one is
 
 
 class RankStatus(BaseModel):
@@ -196,6 +286,39 @@ class RankStatus(BaseModel):
     share: str = ""
     weight_bytes: int = 0
     memory_bytes: int = 0
+    machine_memory_bytes: int = 0  # its machine's memory (shared by the ranks on it)
+    kv_bytes_per_token: int = 0  # this rank's KV per cached token; 0: no prefix cache
+    prefix_cache_bytes: int = 0  # this rank's prefix-cache budget
+
+
+class PrefixCacheStats(BaseModel):
+    """The prefix cache as rank 0 sees it (bytes are rank 0's own)."""
+
+    enabled: bool = False
+    budget_tokens: int = 0
+    entries: int = 0
+    cached_tokens: int = 0
+    bytes: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class LoadProgress(BaseModel):
+    """How far one rank is in loading its part: layers materialized of its total."""
+
+    rank: int
+    done: int
+    total: int
+
+
+class Counters(BaseModel):
+    """Rank 0's running totals since it started (rates come from their differences)."""
+
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
 
 
 class Status(_Message):
@@ -205,6 +328,7 @@ class Status(_Message):
     state: RankState
     reason: str = ""
     model_id: str
+    model_aliases: list[str] = Field(default_factory=list)  # other names that select it
     model_info: dict[str, Any] = Field(default_factory=dict)
     backend: str = ""
     world_size: int = 1
@@ -214,6 +338,10 @@ class Status(_Message):
     queued_requests: int = 0
     max_batch_size: int = 0
     last_step_ms: float | None = None
+    counters: Counters = Field(default_factory=Counters)
+    kv_tokens: int = 0  # tokens in the running batch's KV cache (on every rank)
+    loading: list[LoadProgress] = Field(default_factory=list)  # per rank, while loading
+    prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
     max_sequence_length: int = 0
     uptime_s: float = 0.0
 

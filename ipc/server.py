@@ -181,8 +181,12 @@ class SocketServer:
             )
             await self._reject(writer, "protocol_version", text)
             return False
-        model_id = self.reporter.status().model_id
-        welcome = Welcome(protocol_version=PROTOCOL_VERSION, model_id=model_id)
+        status = self.reporter.status()
+        welcome = Welcome(
+            protocol_version=PROTOCOL_VERSION,
+            model_id=status.model_id,
+            model_aliases=status.model_aliases,
+        )
         writer.write(encode_frame(welcome))
         await writer.drain()
         return True

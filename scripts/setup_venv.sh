@@ -75,18 +75,20 @@ ensure_openblas() {
 
 ensure_test_host_tools() {
     # dev only: the remote-mode tests (tests/test_remote_hosts.py) run sshd in network
-    # namespaces and sync with rsync. Installed when we are allowed to; else they skip.
+    # namespaces and sync with rsync; the dashboard test drives Debian's chromium through
+    # chromedriver. Installed when we are allowed to.
     [[ "$MODE" == dev && "$(uname -s)" == Linux ]] || return 0
-    [[ -x /usr/sbin/sshd ]] && command -v rsync >/dev/null 2>&1 && return 0
+    [[ -x /usr/sbin/sshd && -x /usr/bin/chromedriver ]] && command -v rsync >/dev/null 2>&1 &&
+        return 0
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        say "installing openssh-server and rsync (for the remote-mode tests)"
+        say "installing openssh-server, rsync, chromium and chromium-driver (for the tests)"
         if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-                openssh-server rsync; } >/dev/null 2>&1; then
-            say "warning: could not install openssh-server and rsync; remote-mode tests will skip"
+                openssh-server rsync chromium chromium-driver; } >/dev/null 2>&1; then
+            say "warning: could not install the test hosts' tools; remote-mode tests will skip"
         fi
     else
-        say "hint: 'sudo apt-get install openssh-server rsync' lets the remote-mode tests run"
+        say "hint: 'sudo apt-get install openssh-server rsync chromium chromium-driver' for the tests"
     fi
 }
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.local_cluster import Cluster
-from tests.support.api_server import running_api, start_api
+from tests.support.api_server import running_api, start_api, wait_ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -104,16 +104,6 @@ def tokenizer(model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def wait_ready(base_url: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        response = httpx.get(f"{base_url}/health", timeout=5)
-        if response.status_code == 200:
-            return response.json()
-        assert time.monotonic() < deadline, response.text
-        time.sleep(0.1)
 
 
 def active_requests(base_url: str) -> int:

@@ -19,6 +19,12 @@ KEY = "test-secret-key"
 MAX_BYTES = 4096
 GOOD_CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 GOOD_TEXT = {"model": "default", "prompt": "hi", "max_tokens": 4}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+GOOD_MESSAGES = {
+    "model": "claude-x",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +79,16 @@ def chat(**changes):
         (chat(top_k=-1), "top_k"),
         (chat(messages=[]), "messages"),
         (chat(messages=...), "messages"),
-        (chat(messages=[{"role": "tool", "content": "x"}]), "messages.0.role"),
+        (chat(messages=[{"role": "robot", "content": "x"}]), "messages.0.role"),
+        (chat(messages=[{"role": "tool", "content": "x"}]), "messages.0"),
+        (chat(tools=[{"type": "function", "function": {"name": "bad name"}}]), None),
+        (chat(tools=[{"type": "custom", "custom": {"name": "x"}}]), None),
+        (chat(tool_choice="required"), "tool_choice"),
+        (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}), None),
+        (chat(tools=[WEATHER, WEATHER]), "tools"),
+        (chat(response_format={"type": "json_schema"}), None),
+        (chat(response_format={"type": "xml"}), "response_format"),
+        (chat(functions=[{"name": "f", "parameters": {}}]), "functions"),
         (chat(messages=[{"role": "user"}]), "messages.0"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), None),
         (chat(stop=["a", "b", "c", "d", "e"]), "stop"),
@@ -90,6 +105,60 @@ def chat(**changes):
 def test_chat_invalid_parameters_get_400(client, body, param):
     error = assert_openai_error(client.post("/v1/chat/completions", json=body), 400, param=param)
     assert error["type"] == "invalid_request_error"
+    assert "JSON object" not in error["message"], error  # says what is wrong, not a generic line
+
+
+def test_cross_field_errors_say_what_is_wrong(client):
+    body = chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+    error = assert_openai_error(client.post("/v1/chat/completions", json=body), 400)
+    assert "'nope'" in error["message"] and "get_weather" in error["message"]
+
+
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    assert body["error"]["type"] == kind, body
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "'image'"),
+        ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "server tool"),
+        ({"tool_choice": {"type": "any"}}, "needs tools"),
+        ({"temperature": -1}, "temperature"),
+    ],
+)
+def test_anthropic_invalid_requests_get_anthropic_errors(client, changes, needle):
+    response = client.post("/v1/messages", json={**GOOD_MESSAGES, **changes})
+    assert needle in assert_anthropic_error(response, 400, "invalid_request_error")
+
+
+def test_anthropic_routes_answer_in_their_shape(api):
+    url = f"{api.base_url}/v1/messages"
+    assert_anthropic_error(httpx.post(url, json=GOOD_MESSAGES), 401, "authentication_error")
+    ok = httpx.post(url, json=GOOD_MESSAGES, headers={"x-api-key": KEY})  # older clients' header
+    assert_anthropic_error(ok, 503, "overloaded_error")
+    big = {**GOOD_MESSAGES, "system": "x" * (MAX_BYTES + 10)}
+    too_big = httpx.post(url, json=big, headers={"x-api-key": KEY})
+    assert_anthropic_error(too_big, 413, "request_too_large")
+    count = httpx.post(f"{url}/count_tokens", json=GOOD_MESSAGES, headers={"x-api-key": KEY})
+    assert_anthropic_error(count, 503, "overloaded_error")
+
+
+def test_service_info_lists_the_endpoints_without_a_key(api):
+    info = httpx.get(f"{api.base_url}/").json()
+    assert info["service"] == "MLX ring inference" and info["model"] is None
+    assert info["ready"] is False and info["state"] == "down"
+    listed = {(e["method"], e["path"]) for e in info["endpoints"]}
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/health"):
+        assert any(path == route for _, path in listed), route
+    assert ("GET", "/model/info") in listed and ("GET", "/health/live") in listed
+    assert all(e["description"] for e in info["endpoints"])
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
-from engine.step_plan import Insert, StepPlan
+from engine.step_plan import Insert, StepPlan, Store
 from tests.support.tiny_models import write_tiny_model
 
 PROMPTS = [list(range(40, 47)), list(range(60, 100)), list(range(3, 5)), list(range(120, 133))]
@@ -70,3 +70,42 @@ def test_removing_a_sequence_keeps_the_others_on_track(model):
         tokens[2].append(int(np.array(result.logits)[0].argmax()))
         plan = StepPlan(engine.step_index, engine.fingerprint(), tokens=[tokens[2][-1]])
     assert tokens[2] == reference[2][0][:6]
+
+
+def _last_logits(engine: BatchEngine, plan: StepPlan) -> np.ndarray:
+    engine.apply(plan)
+    result = engine.run()
+    return np.array(result.logits.astype(mx.float32))[-1]
+
+
+@pytest.mark.parametrize("reuse", [30, 20])
+def test_a_prefix_entry_gives_the_logits_of_a_full_prefill(model, reuse):
+    prompt = list(range(40, 100))
+    full = greedy_run(model, chunk=256, prompts=[prompt], steps=1)[1][1]
+    engine = BatchEngine(model, 256)
+    first = Insert(1, prompt[:30], store_as=7)
+    _last_logits(engine, StepPlan(0, engine.fingerprint(), inserts=[first]))
+    assert engine.prefix.length(7) == 30
+    again = Insert(2, prompt[reuse:], prefix_entry=7, prefix_len=reuse)
+    plan = StepPlan(engine.step_index, engine.fingerprint(), removes=[1], inserts=[again])
+    np.testing.assert_allclose(_last_logits(engine, plan), full, atol=1e-4)
+    assert engine.prefix.length(7) == 30  # reusing an entry leaves it as it was
+
+
+def test_a_finished_sequence_is_stored_and_serves_its_continuation(model):
+    prompt = list(range(60, 90))
+    engine = BatchEngine(model, 256)
+    row = _last_logits(engine, StepPlan(0, engine.fingerprint(), inserts=[Insert(1, prompt)]))
+    fed = []
+    for _ in range(4):
+        token = int(row.argmax())
+        fed.append(token)
+        plan = StepPlan(engine.step_index, engine.fingerprint(), tokens=[token])
+        row = _last_logits(engine, plan)
+    store = Store(1, 9, len(prompt) + 4)  # the prompt and the four tokens fed back
+    reuse = Insert(2, [int(row.argmax())], prefix_entry=9, prefix_len=len(prompt) + 4)
+    plan = StepPlan(
+        engine.step_index, engine.fingerprint(), removes=[1], stores=[store], inserts=[reuse]
+    )
+    whole = greedy_run(model, chunk=256, prompts=[prompt + fed + [int(row.argmax())]], steps=1)
+    np.testing.assert_allclose(_last_logits(engine, plan), whole[1][1], atol=1e-4)

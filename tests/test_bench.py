@@ -23,6 +23,7 @@ from bench.loadgen import (
     essay_prompt,
     long_prompt,
     percentile,
+    run_conversation,
     run_load,
     summarize,
     table,
@@ -200,8 +201,12 @@ def test_loadgen_against_mlx_lm_server(tiny_model: Path, tmp_path: Path) -> None
     try:
         prompts = [essay_prompt(i, f"test{i}") for i in range(2)]
         results = asyncio.run(run_load(peer.endpoint, prompts, 2, 6))
+        turns = asyncio.run(run_conversation(peer.endpoint, "Be brief.", ["Hi", "More"], 4))
     finally:
         peer.stop()
+    # the second turn resends the first question and its answer
+    assert all(t.ok for t in turns) and turns[0].text
+    assert turns[1].prompt_tokens > turns[0].prompt_tokens + turns[0].completion_tokens
     assert peer.process is None
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
@@ -209,3 +214,19 @@ def test_loadgen_against_mlx_lm_server(tiny_model: Path, tmp_path: Path) -> None
         assert 0 < r.ttft <= r.end
     summary = summarize("tiny", 2, results)
     assert summary.throughput_tok_s and summary.throughput_tok_s > 0
+
+
+def test_constrained_bench_measures_every_part_on_a_tiny_tokenizer(tmp_path) -> None:
+    from mlx_lm.utils import load_tokenizer
+
+    from bench.constrained import GRAMMARS, measure
+    from engine.constraints import GrammarTokens
+    from tests.support.tiny_models import write_agent_tokenizer
+
+    tokenizer = load_tokenizer(write_agent_tokenizer(tmp_path / "tok"))
+    eos = set(tokenizer.eos_token_ids)
+    grammar = GrammarTokens(tokenizer, len(tokenizer), eos)
+    row = measure(grammar, GRAMMARS["tool_call"], eos, batch=2, steps=40)
+    assert row["tokens"] == 80 and row["documents"] >= 2
+    assert row["added_ms_per_token"] >= row["grammar_ms_per_token"] > 0
+    assert row["sample_free_ms_per_token"] > 0 and row["compile_ms_median"] > 0

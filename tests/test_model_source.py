@@ -300,3 +300,22 @@ def test_hub_progress_is_logged_as_lines(caplog):
         progress.update(2_000_000)
         progress.close()
     assert "hub download (Downloading bytes): 2.00MB of 2.00MB" in caplog.text
+
+
+def test_served_names_are_readable_and_the_old_ids_stay_aliases(tmp_path, default_dir):
+    default_id, aliases = model_source.served_names(_settings(tmp_path), default_dir)
+    assert default_id == "SmolLM2-135M-Instruct.Q4_1"
+    assert aliases == [default_dir.name]  # the cache directory's name was the id before
+    local = write_tiny_model(tmp_path / "my-model")
+    assert model_source.served_names(_settings(tmp_path, str(local)), local) == (
+        "my-model",
+        [str(local), "my-model"],
+    )
+    gguf = model_source.served_names(
+        _settings(tmp_path, "/models/Qwen3-8B-Q4_K_M.gguf"), default_dir
+    )
+    assert gguf[0] == "Qwen3-8B-Q4_K_M"
+    hub = _settings(tmp_path, "mlx-community/Qwen3-8B-4bit")
+    assert model_source.served_names(hub, tmp_path / "snap")[0] == "mlx-community/Qwen3-8B-4bit"
+    named = Settings(_env_file=None, model=str(local), served_model_name="team-model")
+    assert model_source.served_names(named, local) == ("team-model", [str(local), "my-model"])

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.batch_engine import BatchEngine, PlanMismatchError
-from engine.step_plan import PLAN_VERSION, Insert, PlanDecodeError, StepPlan
+from engine.step_plan import PLAN_VERSION, Insert, PlanDecodeError, StepPlan, Store
 
 ids = st.integers(min_value=0, max_value=2**32 - 1)
 
@@ -17,17 +17,21 @@ ids = st.integers(min_value=0, max_value=2**32 - 1)
     fingerprint=st.integers(min_value=0, max_value=2**64 - 1),
     removes=st.lists(ids, max_size=20),
     tokens=st.lists(ids, max_size=20),
-    inserts=st.lists(st.tuples(ids, st.lists(ids, max_size=50), ids), max_size=5),
+    inserts=st.lists(st.tuples(ids, st.lists(ids, max_size=50), ids, ids, ids), max_size=5),
+    stores=st.lists(st.tuples(ids, ids, ids), max_size=5),
+    evicts=st.lists(ids, max_size=5),
     stop=st.booleans(),
     sleep=st.booleans(),
 )
-def test_plan_round_trips(step, fingerprint, removes, tokens, inserts, stop, sleep):
+def test_plan_round_trips(step, fingerprint, removes, tokens, inserts, stores, evicts, stop, sleep):
     plan = StepPlan(
         step=step,
         fingerprint=fingerprint,
         removes=removes,
         tokens=tokens,
-        inserts=[Insert(seq_id, toks, prefix) for seq_id, toks, prefix in inserts],
+        inserts=[Insert(*fields) for fields in inserts],
+        stores=[Store(*fields) for fields in stores],
+        evicts=evicts,
         stop=stop,
         sleep=sleep,
     )

@@ -25,6 +25,7 @@ from gateway.openai.protocol import (
     choice_finish_reason,
     error_responses,
 )
+from gateway.openai.tooling import ChunkToolCall, ResponseToolCall
 from ipc.protocol import Delta, Done
 
 router = APIRouter(tags=["chat"], dependencies=[Depends(require_api_key)])
@@ -45,8 +46,14 @@ async def chat_completions(
         render = ChatStream(head, include_usage, body.logprobs)
         return generation.stream(render, render.opening())
     result = await generation.collect()
+    calls = [ResponseToolCall.of(call) for call in result.tool_calls]
+    message = AssistantMessage(
+        content=result.text if result.text or not calls else None,
+        reasoning_content=result.reasoning or None,
+        tool_calls=calls or None,
+    )
     choice = ChatChoice(
-        message=AssistantMessage(content=result.text),
+        message=message,
         logprobs=ChoiceLogprobs(content=result.logprobs) if body.logprobs else None,
         finish_reason=choice_finish_reason(result.done),
     )
@@ -60,7 +67,8 @@ async def chat_completions(
 
 class ChatStream:
     """Rank 0's events as chat.completion.chunk events: a role chunk first, then one chunk
-    per delta, a finish chunk, the usage chunk when asked for, then [DONE]."""
+    per delta (content, reasoning_content and tool-call pieces), a finish chunk, the usage
+    chunk when asked for, then [DONE]."""
 
     def __init__(self, head: ResponseHead, include_usage: bool, logprobs: bool) -> None:
         self.head = head.model_dump()
@@ -78,7 +86,13 @@ class ChatStream:
     def __call__(self, message: Delta | Done) -> Iterator[str]:
         if isinstance(message, Delta):
             lp = ChoiceLogprobs(content=message.logprobs or []) if self.logprobs else None
-            choice = ChatChunkChoice(delta=ChunkDelta(content=message.text), logprobs=lp)
+            other = message.reasoning or message.tool_calls
+            delta = ChunkDelta(
+                content=message.text if message.text or not other else None,
+                reasoning_content=message.reasoning or None,
+                tool_calls=[ChunkToolCall.of(piece) for piece in message.tool_calls] or None,
+            )
+            choice = ChatChunkChoice(delta=delta, logprobs=lp)
             yield sse.event(self._chunk([choice]), drop=(*self.drop, "performance"))
             return
         perf = Performance.of(message.timings)

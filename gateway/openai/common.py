@@ -14,7 +14,7 @@ from ipc.protocol import Submit
 
 
 class Submittable(Protocol):
-    model: str
+    model: str | None
 
     def to_submit(self, request_id: str, limits: Limits) -> Submit: ...
 

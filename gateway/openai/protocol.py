@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from gateway.core import Limits
+from gateway.openai.tooling import (
+    AgentFields,
+    ChunkToolCall,
+    RequestToolCall,
+    ResponseToolCall,
+)
 from ipc.protocol import (
     ChatMessage,
     Done,
@@ -37,19 +49,40 @@ class TextPart(BaseModel):
 
 
 class RequestMessage(BaseModel):
-    """A chat message: string content or a list of text content parts."""
+    """A chat message: string content or a list of text content parts. Assistant turns
+    may carry tool calls (then content may be null) and earlier reasoning; a tool turn
+    answers the call `tool_call_id`."""
 
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[RequestToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's and mlx_lm.server's name for the same
 
     @model_validator(mode="after")
     def _content_present(self) -> RequestMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content (a string or text parts)")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id: the id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
         return self
+
+    def to_message(self) -> ChatMessage:
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(
+            role=role,
+            content=self.text(),
+            reasoning=self.reasoning_content or self.reasoning,
+            tool_calls=[call.to_call() for call in self.tool_calls or []],
+            tool_call_id=self.tool_call_id,
+            name=self.name if self.role == "tool" else None,
+        )
 
     def text(self) -> str:
         """The message content as one string (text parts joined by newlines)."""
@@ -69,7 +102,7 @@ class StreamOptions(BaseModel):
 class _Sampling(_Request):
     """Fields shared by chat and text completions."""
 
-    model: str = Field(min_length=1, max_length=512)
+    model: str | None = Field(default=None, min_length=1, max_length=512)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -111,14 +144,14 @@ class _Sampling(_Request):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def sampling_params(self, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
-        """Rank 0's parameters; `top_logprobs` None means no logprobs."""
-        defaults = SamplingParams(max_tokens=1)
+        """Rank 0's parameters; `top_logprobs` None means no logprobs. Sampling values left
+        unset stay None: rank 0 fills in the served model's defaults."""
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
-            top_p=self.top_p or defaults.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
             # The ranks seed numpy, which takes non-negative ints: map int64 one-to-one.
             seed=None if self.seed is None else self.seed % 2**64,
             stop=self.stop_list(),
@@ -130,7 +163,7 @@ class _Sampling(_Request):
         )
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, AgentFields):
     """POST /v1/chat/completions."""
 
     messages: list[RequestMessage] = Field(min_length=1)
@@ -147,12 +180,13 @@ class ChatCompletionRequest(_Sampling):
     def to_submit(self, request_id: str, limits: Limits) -> Submit:
         max_tokens = limits.max_tokens(self.max_completion_tokens or self.max_tokens)
         top = (self.top_logprobs or 0) if self.logprobs else None
-        messages = [
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
-            for m in self.messages
-        ]
         params = self.sampling_params(max_tokens, top)
-        return Submit(id=request_id, messages=messages, params=params)
+        return Submit(
+            id=request_id,
+            messages=[m.to_message() for m in self.messages],
+            params=params,
+            **self.agent_fields(),
+        )
 
 
 class CompletionRequest(_Sampling):
@@ -221,7 +255,7 @@ class CompletionLogprobs(BaseModel):
 
 
 # What a choice reports: rank 0's reasons, less "cancelled" (a cancelled request gets an error).
-ChoiceFinishReason = Literal["stop", "length"]
+ChoiceFinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def choice_finish_reason(done: Done) -> ChoiceFinishReason:
@@ -233,8 +267,10 @@ def choice_finish_reason(done: Done) -> ChoiceFinishReason:
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -268,6 +304,8 @@ class ChatCompletion(_Response):
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -11,18 +13,78 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.telemetry import Sample
+from ipc.protocol import PrefixCacheStats
 
 router = APIRouter(tags=["metrics"])
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+class PrefixCacheCollector(Collector):
+    """Rank 0's prefix-cache counters, from the last status (read at scrape time)."""
+
+    def __init__(self, stats: Callable[[], PrefixCacheStats | None]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats()
+        if stats is None:
+            return
+        counters = {
+            "hits": "Requests that reused cached prompt tokens",
+            "hit_tokens": "Prompt tokens taken from the prefix cache",
+            "misses": "Requests that found no cached prefix",
+            "evictions": "Prefix-cache entries evicted",
+        }
+        for name, text in counters.items():
+            yield CounterMetricFamily(f"prefix_cache_{name}", text, value=getattr(stats, name))
+        gauges = {
+            "entries": "Prefix-cache entries held",
+            "cached_tokens": "Tokens held in the prefix cache",
+            "bytes": "Bytes of the prefix cache on rank 0",
+            "budget_tokens": "Tokens the prefix cache may hold (0: off)",
+        }
+        for name, text in gauges.items():
+            yield GaugeMetricFamily(f"prefix_cache_{name}", text, value=getattr(stats, name))
+
+
+class RateCollector(Collector):
+    """Decode and prefill tokens/s over the last status interval: the figures the
+    dashboard plots (gateway/telemetry.py), read at scrape time."""
+
+    def __init__(self, rates: Callable[[], Sample | None]) -> None:
+        self.rates = rates
+
+    def collect(self) -> Iterator[Metric]:
+        sample = self.rates()
+        if sample is None:
+            return
+        yield GaugeMetricFamily(
+            "rank_decode_tokens_per_second", "Tokens decoded per second", value=sample.decode_tps
+        )
+        yield GaugeMetricFamily(
+            "rank_prefill_tokens_per_second",
+            "Prompt tokens prefilled per second",
+            value=sample.prefill_tps,
+        )
+
+
 class Metrics:
     """One registry per app, so several apps (tests) never clash."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        prefix_stats: Callable[[], PrefixCacheStats | None] = lambda: None,
+        rates: Callable[[], Sample | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(PrefixCacheCollector(prefix_stats))
+        r.register(RateCollector(rates))
         self.requests = Counter(
             "api_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )

@@ -85,6 +85,17 @@ def start_api(env: dict[str, str], log_path: Path, timeout: float = 30.0) -> Api
     raise RuntimeError(f"api.py did not answer within {timeout} s:\n{api.log()[-2000:]}")
 
 
+def wait_ready(base_url: str, timeout: float = 30.0) -> dict:
+    """Poll /health until it says ready (200); its body."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = httpx.get(f"{base_url}/health", timeout=5)
+        if response.status_code == 200:
+            return response.json()
+        assert time.monotonic() < deadline, response.text
+        time.sleep(0.1)
+
+
 @contextmanager
 def running_api(env: dict[str, str], log_path: Path) -> Iterator[ApiProcess]:
     api = start_api(env, log_path)

@@ -4,6 +4,10 @@ Each directory looks exactly like a converted mlx-lm model: config.json,
 model.safetensors, tokenizer.json and tokenizer_config.json with a ChatML template.
 The tokenizer is byte-level BPE with no merges (one token per byte) plus three
 special tokens, so any text round-trips.
+
+`write_agent_model` adds what agent features need: thinking and tool-call markers, a
+template that takes tools (mlx-lm infers its json_tools parser) and opens a thinking
+block, and weights whose greedy answer is known (see AGENT_SCRIPT).
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ def _byte_to_unicode() -> dict[int, str]:
     return {byte: char for char, byte in byte_level_alphabet().items()}
 
 
-def write_byte_tokenizer(directory: Path) -> int:
-    """Write tokenizer.json/tokenizer_config.json; return the vocabulary size."""
+def write_byte_tokenizer(
+    directory: Path, words: tuple[str, ...] = (), template: str = CHATML_TEMPLATE
+) -> int:
+    """Write tokenizer.json/tokenizer_config.json; return the vocabulary size. `words`
+    become extra (not special) tokens after the special ones, each decoding to itself."""
     byte_chars = _byte_to_unicode()
     vocab = {byte_chars[b]: b for b in range(256)}
     added = [
@@ -43,9 +50,9 @@ def write_byte_tokenizer(directory: Path) -> int:
             "lstrip": False,
             "rstrip": False,
             "normalized": False,
-            "special": True,
+            "special": i < len(SPECIAL_TOKENS),
         }
-        for i, token in enumerate(SPECIAL_TOKENS)
+        for i, token in enumerate([*SPECIAL_TOKENS, *words])
     ]
     pre_tokenizer = {
         "type": "ByteLevel",
@@ -62,11 +69,11 @@ def write_byte_tokenizer(directory: Path) -> int:
         "pad_token": "<|endoftext|>",
         "unk_token": None,
         "model_max_length": 4096,
-        "chat_template": CHATML_TEMPLATE,
+        "chat_template": template,
         "add_bos_token": False,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return 256 + len(SPECIAL_TOKENS)
+    return 256 + len(SPECIAL_TOKENS) + len(words)
 
 
 def write_tiny_model(
@@ -83,13 +90,15 @@ def write_tiny_model(
     group_size: int = 32,
     tie_word_embeddings: bool = False,
     seed: int = 0,
+    words: tuple[str, ...] = (),
+    template: str = CHATML_TEMPLATE,
     never_stops: bool = False,
 ) -> Path:
     """Write a random model of the given shape; returns `directory`. `never_stops`: the
     end-of-text token's logit is always 0 while the others spread around it, so greedy
     generation always runs to max_tokens (for tests that need long streams)."""
     directory.mkdir(parents=True, exist_ok=True)
-    vocab_size = write_byte_tokenizer(directory)
+    vocab_size = write_byte_tokenizer(directory, words, template)
     config: dict = {
         "model_type": model_type,
         "hidden_size": hidden_size,
@@ -126,6 +135,85 @@ def write_tiny_model(
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "mlx"})
     (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+THINK_START, THINK_END, CALL_START, CALL_END = "<think>", "</think>", "<tool_call>", "</tool_call>"
+AGENT_THOUGHT = "The user wants the weather and the time in Paris."
+AGENT_CALLS = (
+    ("get_weather", {"city": "Paris"}),
+    ("get_time", {"timezone": "Europe/Paris"}),
+)
+AGENT_CALL_TEXTS = tuple(
+    f"\n{CALL_START}\n{json.dumps({'name': n, 'arguments': a})}\n{CALL_END}" for n, a in AGENT_CALLS
+)
+AGENT_WORDS = (THINK_START, THINK_END, CALL_START, CALL_END, AGENT_THOUGHT, *AGENT_CALL_TEXTS)
+# Greedy, the agent model follows this chain from the generation prompt's last token (the
+# template opens a thinking block, or closes it at once when thinking is off): reasoning,
+# then two tool calls, then the end of the turn.
+AGENT_SCRIPT = (THINK_START, AGENT_THOUGHT, THINK_END, *AGENT_CALL_TEXTS, "<|im_end|>")
+# A Qwen2.5-style template: tools in the system turn, calls as <tool_call> JSON blocks
+# (`tool_call.name` and the markers make mlx-lm pick its json_tools parser), tool results
+# as <tool_response> blocks, and a thinking block the generation prompt opens.
+AGENT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n<tools>\n{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    'Call a function with <tool_call>\n{"name": <name>, "arguments": <object>}\n</tool_call>'
+    "<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
+    "\n</tool_response><|im_end|>\n"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{% endif %}"
+    "{{ message.content }}"
+    "{% for tool_call in message.tool_calls or [] %}"
+    "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
+    '\n<tool_call>\n{"name": "{{ tool_call.name }}", '
+    '"arguments": {{ tool_call.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif message.role != 'system' or not loop.first %}<|im_start|>{{ message.role }}\n"
+    "{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think></think>"
+    "{% else %}<think>{% endif %}{% endif %}"
+)
+
+
+def write_agent_tokenizer(directory: Path) -> Path:
+    """The agent model's tokenizer alone (for tests that need no weights)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(directory, AGENT_WORDS, AGENT_TEMPLATE)
+    return directory
+
+
+def write_agent_model(directory: Path, seed: int = 0) -> Path:
+    """A tiny model for agent features, whose logits depend only on the last token: the
+    attention and MLP outputs are zero, so the residual stream is that token's embedding.
+    The output rows make each token of AGENT_SCRIPT follow its predecessor by a wide
+    margin (greedy answers are known) over small random logits (sampling at temperature
+    1 varies; constraints decide what is valid)."""
+    write_tiny_model(directory, words=AGENT_WORDS, template=AGENT_TEMPLATE, seed=seed)
+    path = str(directory / "model.safetensors")
+    weights = mx.load(path)
+    for name in list(weights):
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = mx.zeros_like(weights[name])
+    embed = weights["model.embed_tokens.weight"]
+    vocab, hidden = embed.shape
+    key = mx.random.key(seed + 1)
+    head = mx.random.normal((vocab, hidden), key=key) * 0.2
+    unit = embed / mx.linalg.norm(embed, axis=1, keepdims=True)
+    tokens = json.loads((directory / "tokenizer.json").read_text())["added_tokens"]
+    ids = {token["content"]: token["id"] for token in tokens}
+    chain = [ids[text] for text in AGENT_SCRIPT]
+    for before, after in zip(chain, chain[1:], strict=False):
+        head[after] = head[after] + 3.0 * unit[before]
+    weights["lm_head.weight"] = head
+    mx.save_safetensors(path, weights, metadata={"format": "mlx"})
     return directory
 
 

@@ -1,0 +1,111 @@
+"""Rank 0's prefix-cache policy: what a new request reuses, when it waits for a prefix
+another request is about to store, what is stored, and the counters /metrics shows.
+
+The PrefixIndex holds the token sequences; this class turns its answers into the step
+plan's cache operations (an insert's prefix entry and `store_as`, stores of finished
+sequences, evictions), which every rank applies in lock-step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from engine.prefix_index import PrefixIndex
+from engine.step_plan import Insert, Store
+from ipc.protocol import PrefixCacheStats
+
+log = logging.getLogger("ring.prefix")
+# A queued request waits for a prefix that a prefilling request is about to store when
+# that saves it at least this many prompt tokens (else it prefills them itself).
+HOLD_FOR_TOKENS = 64
+
+
+@dataclass
+class PlanOps:
+    """The cache operations one step plan carries."""
+
+    stores: list[Store] = field(default_factory=list)
+    evicts: list[int] = field(default_factory=list)
+    protected: set[int] = field(default_factory=set)  # entries this plan's inserts reuse
+
+
+class PrefixCache:
+    """Decisions over the index; `budget_tokens` 0 turns the cache off."""
+
+    def __init__(self, budget_tokens: int, min_tokens: int = 16) -> None:
+        self.index = PrefixIndex(budget_tokens, min_tokens)
+        self.hits = 0
+        self.hit_tokens = 0
+        self.misses = 0
+        self.bytes = 0  # rank 0's own bytes (set by the leader after each step)
+        self._finished: list[tuple[int, list[int]]] = []  # (seq id, cached tokens)
+        self._prompt_entries: dict[int, int] = {}  # seq id -> its pending prompt entry
+
+    @property
+    def enabled(self) -> bool:
+        return self.index.enabled
+
+    def admit(self, seq_id: int, prompt: list[int], ops: PlanOps) -> Insert | None:
+        """The insert for a new request, or None when it should wait for a pending prefix."""
+        if not self.enabled:
+            return Insert(seq_id, prompt)
+        match = self.index.match(prompt)
+        if match.pending_length >= match.length + HOLD_FOR_TOKENS:
+            return None
+        # The last prompt token always runs through the model: its logits start the answer.
+        reused = min(match.length, len(prompt) - 1) if match.entry is not None else 0
+        entry = match.entry if reused > 0 else None
+        if entry is not None:
+            self.index.use(entry)
+            ops.protected.add(entry)
+            self.hits += 1
+            self.hit_tokens += reused
+        else:
+            self.misses += 1
+        insert = Insert(seq_id, prompt[reused:], entry or 0, reused)
+        reservation = self.index.reserve(prompt, ready=False, protected=ops.protected)
+        if reservation is not None:
+            insert.store_as = reservation.entry
+            ops.evicts += reservation.evicts
+            self._prompt_entries[seq_id] = reservation.entry
+        return insert
+
+    def prefilled(self, seq_id: int) -> None:
+        """The sequence's prompt is in every rank's cache now (its first token came back)."""
+        entry = self._prompt_entries.pop(seq_id, None)
+        if entry is not None:
+            self.index.mark_ready(entry)
+
+    def finished(self, seq_id: int, tokens: list[int], completed: bool) -> None:
+        """A request ended. A completed one has `tokens` (prompt and answer, less the last
+        token) in the decode batch: keep them. A prompt entry still pending was never
+        stored by the ranks, since the request left before its prefill ended: forget it."""
+        entry = self._prompt_entries.pop(seq_id, None)
+        if entry is not None:
+            self.index.forget(entry)
+        if completed and self.enabled:
+            self._finished.append((seq_id, tokens))
+
+    def plan_stores(self, ops: PlanOps) -> None:
+        """Stores (and the evictions they need) for the requests that finished last step."""
+        finished, self._finished = self._finished, []
+        for seq_id, tokens in finished:
+            reservation = self.index.reserve(tokens, ready=True, protected=ops.protected)
+            if reservation is not None:
+                ops.stores.append(Store(seq_id, reservation.entry, len(tokens)))
+                ops.evicts += reservation.evicts
+                ops.protected.add(reservation.entry)  # evicts apply before stores
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            enabled=self.enabled,
+            budget_tokens=self.index.budget_tokens,
+            entries=len(self.index.entries),
+            cached_tokens=self.index.cached_tokens,
+            bytes=self.bytes,
+            hits=self.hits,
+            hit_tokens=self.hit_tokens,
+            misses=self.misses,
+            evictions=self.index.evictions,
+        )

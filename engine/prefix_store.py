@@ -1,0 +1,113 @@
+"""Every rank's part of the prefix cache: the KV of each cached entry for this rank's own
+heads (tensor parallel) or layers (pipeline), keyed by the entry ids rank 0 hands out.
+
+Entries are immutable. A request that reuses entry E for n tokens starts from fresh
+caches holding slices of E's arrays (slicing makes new arrays, so its own appends never
+touch E), which is why cancelling such a request leaves E intact. Only plain KV caches
+are cached (mlx-lm's KVCache, which also holds MLA's latent keys); a model whose caches
+are of another kind (sliding windows' rotating buffers, recurrent state) runs without
+the prefix cache, and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+log = logging.getLogger("ring.prefix")
+LayerKV = tuple[mx.array, mx.array]  # keys, values: [1, heads, length, dims]
+
+
+def plain_kv(caches: Sequence[Any]) -> bool:
+    """True when every layer's cache is a plain KVCache (the kind this store can slice)."""
+    return all(type(cache) is KVCache for cache in caches)
+
+
+def kv_bytes_per_token(model: Callable[..., mx.array]) -> int:
+    """Bytes of KV this rank keeps per cached token, from a one-token forward (every rank
+    must call it together: the forward holds the collectives); 0 when the model's caches
+    are not plain KV caches."""
+    caches = make_prompt_cache(model)
+    if not plain_kv(caches):
+        kinds = sorted({type(cache).__name__ for cache in caches})
+        log.info("prefix cache off: the model's caches are %s, not KVCache", ", ".join(kinds))
+        return 0
+    mx.eval(model(mx.array([[0]], dtype=mx.uint32), cache=caches))
+    return sum(keys.nbytes + values.nbytes for keys, values in _layers(caches, 1))
+
+
+# PREFIX_CACHE_BYTES by default: this share of the memory a rank has left after its
+# weights (its machine's memory divided among the ranks on it). The rest stays for the
+# running batch's KV (MAX_BATCH_SIZE x MAX_SEQUENCE_LENGTH tokens) and the system.
+DEFAULT_SHARE = 0.25
+
+
+def rank_budget(setting: int | None, memory: int, ranks_on_host: int, weights: int) -> int:
+    """This rank's prefix-cache bytes: PREFIX_CACHE_BYTES, or the default share."""
+    if setting is not None:
+        return setting
+    return max(0, int(DEFAULT_SHARE * (memory // max(1, ranks_on_host) - weights)))
+
+
+def budget_tokens(per_rank: list[tuple[int, int]]) -> int:
+    """Tokens every rank can cache, from each rank's (budget bytes, KV bytes per token);
+    0 when a rank keeps no prefix cache."""
+    if not per_rank or any(per_token <= 0 for _, per_token in per_rank):
+        return 0
+    return min(budget // per_token for budget, per_token in per_rank)
+
+
+def _layers(caches: Sequence[Any], length: int) -> list[LayerKV]:
+    """Each layer's first `length` positions, as arrays of their own."""
+    return [
+        (mx.contiguous(c.keys[..., :length, :]), mx.contiguous(c.values[..., :length, :]))
+        for c in caches
+    ]
+
+
+class PrefixStore:
+    """Cached entries on this rank: entry id -> per-layer (keys, values)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, list[LayerKV]] = {}
+        self.nbytes = 0  # of every entry's arrays on this rank
+
+    @staticmethod
+    def _size(layers: list[LayerKV]) -> int:
+        return sum(keys.nbytes + values.nbytes for keys, values in layers)
+
+    def length(self, entry: int) -> int:
+        return int(self.entries[entry][0][0].shape[2])
+
+    def put(self, entry: int, caches: Sequence[Any], length: int) -> list[mx.array]:
+        """Keep the first `length` positions of a sequence's per-layer caches as `entry`;
+        returns the new arrays (to evaluate with the step)."""
+        layers = _layers(caches, length)
+        self.drop(entry)
+        self.entries[entry] = layers
+        self.nbytes += self._size(layers)
+        return [array for pair in layers for array in pair]
+
+    def drop(self, entry: int) -> None:
+        layers = self.entries.pop(entry, None)
+        if layers is not None:
+            self.nbytes -= self._size(layers)
+
+    def caches(self, entry: int, length: int) -> list[KVCache]:
+        """Fresh caches holding the first `length` positions of `entry`."""
+        fresh = []
+        for keys, values in self.entries[entry]:
+            cache = KVCache()
+            cache.keys = keys[..., :length, :]
+            cache.values = values[..., :length, :]
+            cache.offset = length
+            fresh.append(cache)
+        return fresh
+
+    def digest(self) -> list[tuple[int, int]]:
+        """(entry, length) pairs, sorted: what the batch fingerprint covers."""
+        return sorted((entry, self.length(entry)) for entry in self.entries)

@@ -1,0 +1,104 @@
+"""Rank 0's chat prompt: tools through a template that takes them, or through the
+fallback prompt (tools in the system turn, calls and results rewritten as text); thinking
+switched off and the call block opened when a grammar forces the answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from engine.chat_prompt import FALLBACK_TOOLS_PROMPT, ChatPrompt
+from ipc.protocol import ChatMessage, SamplingParams, Submit, ToolCall, ToolChoice, ToolSpec
+from tests.support.tiny_models import write_agent_tokenizer, write_byte_tokenizer
+
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="Weather for a city",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+HISTORY = [
+    ChatMessage(role="system", content="Be brief."),
+    ChatMessage(role="user", content="Weather in Paris and Rome?"),
+    ChatMessage(
+        role="assistant",
+        content="",
+        tool_calls=[
+            ToolCall(id="c1", name="get_weather", arguments='{"city": "Paris"}'),
+            ToolCall(id="c2", name="get_weather", arguments='{"city": "Rome"}'),
+        ],
+    ),
+    ChatMessage(role="tool", content="18C", tool_call_id="c1"),
+    ChatMessage(role="tool", content="25C", tool_call_id="c2"),
+]
+
+
+def chat(messages=HISTORY, **fields) -> Submit:
+    return Submit(id="r", messages=messages, params=SamplingParams(max_tokens=8), **fields)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("chatml")
+    write_byte_tokenizer(directory)
+    return ChatPrompt(load_tokenizer(directory))
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    return ChatPrompt(load_tokenizer(write_agent_tokenizer(tmp_path_factory.mktemp("agent") / "m")))
+
+
+def test_a_template_without_tools_gets_the_fallback_prompt(plain):
+    assert not plain.tool_format.native and plain.think is None
+    text = plain.render(chat(tools=[WEATHER]), constrained=False).text
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert json.dumps({"type": "function", "function": WEATHER.model_dump()}) in system
+    assert FALLBACK_TOOLS_PROMPT.splitlines()[-1] in system
+    # Earlier calls become <tool_call> blocks; both results share one user turn.
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in text
+    )
+    results = text.split("<|im_start|>user\n")[-1]
+    assert results.count("<tool_response>") == 2 and '"content": "25C"' in results
+    assert "<|im_start|>tool" not in text
+
+
+def test_the_fallback_prompt_states_the_tool_choice(plain):
+    named = chat(tools=[WEATHER], tool_choice=ToolChoice(mode="function", name="get_weather"))
+    text = plain.render(named, constrained=True).text
+    assert "You must call the function get_weather." in text
+    assert text.endswith("<|im_start|>assistant\n<tool_call>\n")  # the forced call's block
+    single = plain.render(chat(tools=[WEATHER], parallel_tool_calls=False), constrained=False)
+    assert "Call at most one function." in single.text
+    hidden = plain.render(chat(tools=[WEATHER], tool_choice=ToolChoice(mode="none")), False)
+    assert "# Tools" not in hidden.text
+
+
+def test_a_template_with_tools_renders_them_itself(agent):
+    assert agent.tool_format.native and agent.think == ("<think>", "</think>")
+    rendered = agent.render(chat(tools=[WEATHER]), constrained=False)
+    assert '"name": "get_weather"' in rendered.text.split("</tools>")[0]
+    assert "# Tools\n<tools>" in rendered.text and "You may call" not in rendered.text
+    assert '"arguments": {"city": "Rome"}' in rendered.text  # arguments as an object
+    assert rendered.text.endswith("<think>") and rendered.starts_in_reasoning
+
+
+def test_constrained_answers_do_not_think(agent):
+    rendered = agent.render(chat(tools=[WEATHER]), constrained=True)
+    assert rendered.text.endswith("<think></think>") and not rendered.starts_in_reasoning
+    off = agent.render(chat(enable_thinking=False), constrained=False)
+    assert not off.starts_in_reasoning
+
+
+def test_a_final_assistant_turn_is_continued_when_asked(agent):
+    prefill = [
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", content="Sure"),
+    ]
+    continued = agent.render(chat(prefill, continue_final_message=True), constrained=False)
+    assert continued.text.endswith("<|im_start|>assistant\nSure")
+    closed = agent.render(chat(prefill), constrained=False)
+    assert closed.text.endswith("Sure<|im_end|>\n<|im_start|>assistant\n<think>")

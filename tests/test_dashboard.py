@@ -1,0 +1,114 @@
+"""The dashboard in a real headless browser (Debian's chromium) against real ranks and
+the real api.py: every rank is listed with its memory, the tokens/s plot moves after a
+request, the chat panel streams an answer (asking for API_KEY once), and an idle page
+never wakes the ranks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from launcher.local_cluster import Cluster
+from tests.support.api_server import running_api
+from tests.support.browser import browser_missing, headless_chromium
+
+pytestmark = pytest.mark.cluster
+KEY = "dashboard-test-key"
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    missing = browser_missing()
+    if missing:
+        pytest.fail(f"the dashboard test needs a browser: {missing}")
+    # The chat panel sends no temperature; greedy, the tiny random model ends at once with
+    # half a character, so it samples at temperature 1 here to stream some text.
+    cluster_env = {"KEEP_WARM_SECONDS": "0", "DEFAULT_TEMPERATURE": "1"}
+    with Cluster(tiny_llama, ranks=2, env=cluster_env) as cluster:
+        env = {"SOCKET_PATH": str(cluster.socket_path), "API_KEY": KEY}
+        log = tmp_path_factory.mktemp("dashboard") / "api.log"
+        with running_api(env, log) as api, headless_chromium() as browser:
+            browser.get(f"{api.base_url}/")
+            yield cluster, api, browser
+
+
+def wait(browser: Any, check: Callable[[Any], Any], timeout: float = 20.0) -> Any:
+    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(check)
+
+
+def test_api_clients_still_get_the_service_info(stack) -> None:
+    _, api, _ = stack
+    info = httpx.get(f"{api.base_url}/", headers={"Accept": "application/json"}).json()
+    paths = {endpoint["path"] for endpoint in info["endpoints"]}
+    assert info["dashboard"] == "/dashboard" and "/v1/chat/completions" in paths
+
+
+def test_the_page_lists_every_rank_with_its_memory(stack) -> None:
+    _, _, browser = stack
+    wait(browser, lambda b: b.find_element(By.ID, "state").text == "ready")
+    rows = wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#ranks .rank-row"))
+    assert [row.get_attribute("data-rank") for row in rows] == ["0", "1"]
+    for row in rows:
+        detail = row.find_element(By.CLASS_NAME, "rank-detail").text
+        assert "weights" in detail and "KiB" in detail and "of " in detail, detail
+        assert row.find_elements(By.CSS_SELECTOR, ".dot.up")
+    assert "tensor" in browser.find_element(By.ID, "plan-headline").text
+
+
+def test_an_idle_page_never_wakes_the_ranks(stack) -> None:
+    cluster, _, _ = stack
+    before = cluster.status().counters.steps
+    time.sleep(6)  # three polls of /dashboard/state
+    assert cluster.status().counters.steps == before
+
+
+def test_the_tokens_per_second_plot_moves_after_a_request(stack) -> None:
+    _, api, browser = stack
+    plot = browser.find_element(By.ID, "tps-plot")
+    assert float(plot.get_attribute("data-max")) <= 1.0  # nothing decoded yet
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    reply = httpx.post(
+        f"{api.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    )
+    assert reply.status_code == 200
+    wait(browser, lambda b: float(plot.get_attribute("data-max")) > 1.0)
+    rows = wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#recent tbody tr"))
+    assert rows[0].find_elements(By.TAG_NAME, "td")[3].text == str(
+        reply.json()["usage"]["completion_tokens"]
+    )
+
+
+def test_the_chat_panel_asks_for_the_key_once_and_streams(stack) -> None:
+    _, _, browser = stack
+    box = browser.find_element(By.ID, "chat-input")
+    box.send_keys("Hello there")
+    browser.find_element(By.ID, "chat-send").click()
+    alert = wait(browser, lambda b: b.switch_to.alert)
+    alert.send_keys(KEY)
+    alert.accept()
+    wait(browser, lambda b: b.find_elements(By.ID, "chat-output"))
+    wait(browser, lambda b: b.find_element(By.ID, "chat-send").is_enabled(), timeout=60)
+    final = browser.find_element(By.ID, "chat-output")
+    assert "error" not in (final.get_attribute("class") or ""), final.text
+    # the answer arrived as server-sent events, shown delta by delta
+    assert final.text and int(final.get_attribute("data-chunks") or 0) >= 2
+    box.send_keys("And again")
+    browser.find_element(By.ID, "chat-send").click()
+    wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2)
+    assert not _alert_open(browser)  # the key was kept in the page
+
+
+def _alert_open(browser: Any) -> bool:
+    try:
+        browser.switch_to.alert.text  # noqa: B018
+    except Exception:  # noqa: BLE001 - selenium raises NoAlertPresentException
+        return False
+    return True

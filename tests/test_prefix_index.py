@@ -1,0 +1,110 @@
+"""Rank 0's prefix index and policy in one process: longest token-level match, budgets,
+LRU eviction, replaced and pending entries, and the plan operations they produce."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.prefix_cache import HOLD_FOR_TOKENS, PlanOps, PrefixCache
+from engine.prefix_index import PrefixIndex
+
+SEQUENCES = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), max_size=8)
+
+
+def _common(a: list[int], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@settings(max_examples=200, deadline=None)
+@given(stored=SEQUENCES, query=st.lists(st.integers(0, 3), max_size=14))
+def test_match_is_the_longest_prefix_any_ready_entry_shares(stored, query):
+    index = PrefixIndex(budget_tokens=10_000, min_tokens=1)
+    for tokens in stored:
+        index.reserve(tokens, ready=True)
+    match = index.match(query)
+    best = max((_common(query, e.tokens) for e in index.entries.values()), default=0)
+    assert match.length == best
+    if best:
+        assert match.entry is not None
+        assert index.entries[match.entry].tokens[:best] == tuple(query[:best])
+
+
+@settings(max_examples=200, deadline=None)
+@given(stored=SEQUENCES, budget=st.integers(1, 30))
+def test_the_budget_is_never_exceeded_and_stores_that_cannot_fit_are_refused(stored, budget):
+    index = PrefixIndex(budget_tokens=budget, min_tokens=1)
+    for tokens in stored:
+        before = dict(index.entries)
+        reservation = index.reserve(tokens, ready=True)
+        assert index.cached_tokens <= budget
+        if reservation is None:
+            assert index.entries == before  # a refused store evicts nothing
+        else:
+            assert index.entries[reservation.entry].tokens == tuple(tokens)
+
+
+def test_least_recently_used_goes_first_and_replaced_entries_are_not_evictions():
+    index = PrefixIndex(budget_tokens=10, min_tokens=1)
+    a = index.reserve([1, 1, 1], ready=True)
+    b = index.reserve([2, 2, 2], ready=True)
+    assert a and b
+    index.use(a.entry)  # b is now the least recently used
+    c = index.reserve([3, 3, 3, 3, 3], ready=True)
+    assert c is not None and c.evicts == [b.entry] and index.evictions == 1
+    longer = index.reserve([1, 1, 1, 4], ready=True)  # extends a: a is replaced
+    assert longer is not None and longer.evicts == [a.entry] and index.evictions == 1
+    assert index.match([1, 1, 1, 4, 5]).length == 4
+
+
+def test_pending_and_protected_entries_are_never_evicted():
+    index = PrefixIndex(budget_tokens=6, min_tokens=1)
+    pending = index.reserve([1, 1, 1], ready=False)
+    used = index.reserve([2, 2, 2], ready=True)
+    assert pending and used
+    assert index.reserve([3, 3, 3], ready=True, protected={used.entry}) is None
+    assert index.match([1, 1, 1]).length == 0 and index.match([1, 1, 1]).pending_length == 3
+    index.forget(pending.entry)
+    assert index.match([1, 1, 1]).pending_length == 0
+    assert index.reserve([3, 3, 3], ready=True, protected={used.entry}) is not None
+
+
+def test_admission_reuses_all_but_the_last_prompt_token_and_stores_the_prompt():
+    cache = PrefixCache(budget_tokens=1000, min_tokens=4)
+    prompt = list(range(100))
+    first = cache.admit(1, prompt, PlanOps())
+    assert first is not None and first.prefix_entry == 0 and first.store_as
+    cache.prefilled(1)
+    again = cache.admit(2, prompt, ops := PlanOps())
+    assert again is not None and again.prefix_entry == first.store_as
+    assert again.prefix_len == 99 and again.tokens == [99]  # the last token runs again
+    assert first.store_as in ops.protected and cache.hits == 1 and cache.hit_tokens == 99
+
+
+def test_a_request_waits_for_a_long_prefix_another_is_storing():
+    cache = PrefixCache(budget_tokens=1000, min_tokens=4)
+    shared = list(range(HOLD_FOR_TOKENS + 10))
+    assert cache.admit(1, shared + [500], PlanOps()) is not None
+    assert cache.admit(2, shared + [600], PlanOps()) is None  # pending: wait
+    cache.prefilled(1)
+    later = cache.admit(2, shared + [600], PlanOps())
+    assert later is not None and later.prefix_len == len(shared)
+
+
+def test_finished_requests_are_stored_and_cancelled_prefills_forgotten():
+    cache = PrefixCache(budget_tokens=1000, min_tokens=4)
+    prompt = list(range(50))
+    insert = cache.admit(1, prompt, PlanOps())
+    assert insert is not None
+    cache.finished(1, prompt, completed=False)  # cancelled before its prefill ended
+    assert cache.index.entries == {}
+    cache.admit(2, prompt, PlanOps())
+    cache.prefilled(2)
+    cache.finished(2, prompt + [7, 8, 9], completed=True)
+    ops = PlanOps()
+    cache.plan_stores(ops)
+    assert [(s.seq_id, s.length) for s in ops.stores] == [(2, 53)]
+    assert len(cache.index.entries) == 1  # the prompt entry was replaced by the longer one
