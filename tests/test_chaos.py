@@ -66,6 +66,10 @@ SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "30"))
 LONG_SOAK = SOAK_SECONDS >= 120
 SOAK_WARMUP_S = max(60.0, SOAK_SECONDS / 5) if LONG_SOAK else SOAK_SECONDS / 4
 SOAK_GROWTH = 0.05 if LONG_SOAK else 0.20
+# The prefix cache keeps finished requests' KV until its budget (by default a quarter of the
+# memory): bounded small, it fills within the warm-up and then evicts, so the soak checks
+# that nothing grows beyond it (about 180 of the soak's requests fit in 8 MiB).
+PREFIX_CACHE = "PREFIX_CACHE_BYTES=8MiB"
 
 
 @dataclass
@@ -100,7 +104,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, endless_llama: Path) -> Iter
     env = (
         f"MODEL={model}\nMAX_SEQUENCE_LENGTH=1024\nDEFAULT_MAX_TOKENS=64\n"
         f"COLLECTIVE_TIMEOUT_SECONDS={COLLECTIVE_TIMEOUT}\nRESTART_WAIT_SECONDS=120\n"
-        f"RESTART_LIMIT={RESTART_LIMIT}\n"
+        f"RESTART_LIMIT={RESTART_LIMIT}\n{PREFIX_CACHE}\n"
     )
     project = copy_project(base / "project", env)
     url = f"http://127.0.0.1:{project.port}"
@@ -187,14 +191,17 @@ def test_sigkill_of_a_worker_rank(chaos: Chaos) -> None:
     victim = chaos.pid("rank-1.pid")
     row, state = _fault_on_the_ranks(chaos, "SIGKILL of a worker (rank 1)", _kill(victim), [victim])
     assert row.detected_s < 10
-    assert state.history[-1].reason.startswith("rank 1 was killed by signal 9"), state.history
+    # mlx.launch's own line (killed by signal 9) may come after the job was ended
+    reason = state.history[-1].reason
+    assert "rank 1 was killed by signal 9" in reason or "rank 1 exited" in reason, reason
 
 
 def test_sigkill_of_rank_0(chaos: Chaos) -> None:
     victim = chaos.pid("rank-0.pid")
     row, state = _fault_on_the_ranks(chaos, "SIGKILL of rank 0", _kill(victim), [victim])
     assert row.detected_s < 10
-    assert state.history[-1].reason.startswith("rank 0 was killed by signal 9"), state.history
+    reason = state.history[-1].reason
+    assert "rank 0 was killed by signal 9" in reason or "this rank exits" in reason, reason
 
 
 def test_sigkill_of_mlx_launch(chaos: Chaos) -> None:
