@@ -4,22 +4,13 @@
     python -m launcher.supervisor follow --pid P --timeout S             # launch.sh start
     python -m launcher.supervisor status                                 # launch.sh status
 
-launch.sh prepares everything (venv, settings, model, hosts.json, worker sync and checks),
-then starts `run` detached (or execs it, `--foreground`, under launchd or systemd). It:
-
-- starts the ranks (launcher/job.py) and, once they are ready the first time, api.py
-  (launcher/api_process.py), each as the leader of its own process group;
-- watches them without polling: it blocks in select() on a pipe that signals wake
-  (SIGCHLD when mlx.launch or api.py ends, SIGTERM to stop) and on a connection to rank
-  0's socket that turns readable when rank 0 ends (a rank that dies or stalls ends rank
-  0: its wake channel closes, or the collective watchdog fires);
-- when the job ends: ends what is left of it, then starts it again after a backoff (1 s
-  doubling to 60 s), and gives up after RESTART_LIMIT failures in RESTART_WINDOW_SECONDS;
-- remote mode: before each start reaches every worker over SSH (ending ranks left there);
-  one that does not answer is waited for, or with DEGRADED_MODE=auto left out when the
-  model fits the others (launcher/remote.py, launcher/fit.py);
-- api.py that ends is started again alone: the ranks keep their model;
-- its state (ipc/supervisor_state.py) goes to run/supervisor.json at every change.
+It starts the ranks (launcher/job.py), then api.py (launcher/api_process.py), each leading
+its own process group, and blocks in select() on a pipe that signals wake (SIGCHLD,
+SIGTERM) and on a connection to rank 0 that turns readable when rank 0 ends. A job that
+ends is started again after a backoff, until a crash loop (launcher/restart_policy.py);
+remote workers are reached before each start (launcher/degraded.py); api.py is started
+again alone. Its state goes to run/supervisor.json (ipc/supervisor_state.py). The
+decisions: docs/ARCHITECTURE.md, "Supervision".
 """
 
 from __future__ import annotations
@@ -32,16 +23,16 @@ import selectors
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from config import Settings
 from config.logging_setup import setup_logging
 from config.settings import run_with_settings
-from ipc.supervisor_state import Failure, LeftOut, SupervisorState, read_state, write_state
+from ipc.supervisor_state import Failure, SupervisorState, read_state, write_state
 from launcher import remote
 from launcher.api_process import ApiProcess
+from launcher.degraded import choose_workers
 from launcher.job import RankJob, local_ranks_stop
 from launcher.paths import Paths
 from launcher.restart_policy import RestartPolicy
@@ -146,11 +137,19 @@ class Supervisor:
     def _run_job(self) -> Ended | None:
         """Start the ranks and watch them: why they ended, or None when asked to stop."""
         self.state.attempt += 1
-        active, left_out, wait = self._choose_workers()
+        choice = choose_workers(self.settings, self.workers, self.model_dir)
         if self.stopping:
             return None
-        if wait:
-            return Ended(wait, counts=False, before_ready=True)
+        if choice.wait:
+            return Ended(choice.wait, counts=False, before_ready=True)
+        active, left_out = choice.active, choice.left_out
+        if left_out:
+            log.warning(
+                "starting without %s: the model fits the other %d rank(s) (DEGRADED_MODE=auto);"
+                " it is taken back at the next restart once it answers",
+                ", ".join(f"rank {w.rank} ({w.host})" for w in left_out),
+                len(active) + 1,
+            )
         settings = remote.job_settings(self.settings, active)
         environ = dict(self.environ)
         if settings is not self.settings:
@@ -297,60 +296,6 @@ class Supervisor:
             self._pump(None)
 
     # ---- remote workers ------------------------------------------------------------------
-
-    def _choose_workers(self) -> tuple[list[remote.Worker], list[LeftOut], str]:
-        """The workers of the next job, those left out, and a reason to wait instead."""
-        if not self.workers:
-            return [], [], ""
-        missing = remote.reach(self.workers)
-        if not missing:
-            return self.workers, [], ""
-        names = "; ".join(
-            f"rank {w.rank} ({w.dest}): {missing[w.rank]}"
-            for w in self.workers
-            if w.rank in missing
-        )
-        lead = f"not answering over SSH: {names}"
-        if self.settings.degraded_mode != "auto":
-            return [], [], f"{lead}; waiting for it (DEGRADED_MODE=auto starts without it)"
-        active = [w for w in self.workers if w.rank not in missing]
-        problem = self._fit_problem(active)
-        if problem:
-            return [], [], f"{lead}; the model does not fit the others: {problem}"
-        left_out = [
-            LeftOut(rank=w.rank, host=w.dest, reason=f"not answering over SSH: {missing[w.rank]}")
-            for w in self.workers
-            if w.rank in missing
-        ]
-        log.warning(
-            "starting without %s: the model fits the other %d rank(s) (DEGRADED_MODE=auto); "
-            "it is taken back at the next restart once it answers",
-            ", ".join(f"rank {w.rank} ({w.host})" for w in left_out),
-            len(active) + 1,
-        )
-        return active, left_out, ""
-
-    def _fit_problem(self, active: list[remote.Worker]) -> str | None:
-        from launcher.detect import local_facts, remote_facts
-        from launcher.fit import fit_problem
-
-        if self.model_dir is None:
-            return "the model directory is unknown (start the cluster with ./launch.sh)"
-
-        def free(worker: remote.Worker | None) -> int | None:
-            if worker is None:
-                return local_facts().free_bytes
-            return remote_facts(worker.dest, worker.remote_dir, remote.SSH_TIMEOUT_S).free_bytes
-
-        try:
-            with ThreadPoolExecutor(max_workers=len(active) + 1) as pool:
-                free_bytes = list(pool.map(free, [None, *active]))
-        except (ConnectionError, ValueError, OSError) as exc:
-            return f"could not read the hosts' free memory ({exc})"
-        weights = remote.job_settings(self.settings, active).rank_weights
-        if weights == "auto":
-            weights = [float(b or 1) for b in free_bytes]
-        return fit_problem(self.model_dir, free_bytes, weights, self.settings.parallelism)
 
     def _stop_workers(self) -> None:
         for rank, why in remote.reach(self.workers).items():

@@ -26,11 +26,11 @@ from ipc.supervisor_state import (
     write_state,
 )
 from launcher import remote, service
+from launcher.degraded import choose_workers
 from launcher.fit import fit_problem
 from launcher.job import RankJob
 from launcher.paths import Paths
 from launcher.restart_policy import RestartPolicy
-from launcher.supervisor import Supervisor
 from tests.support.api_server import running_api
 
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -302,8 +302,8 @@ def test_a_worker_that_does_not_answer_is_waited_for(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama: Path
 ) -> None:
     settings = _unreachable_worker_settings(monkeypatch, "off")
-    supervisor = Supervisor(settings, tiny_llama, Paths(tmp_path), foreground=False)
-    active, left_out, wait = supervisor._choose_workers()
+    choice = choose_workers(settings, remote.configured_workers(settings), tiny_llama)
+    active, left_out, wait = choice.active, choice.left_out, choice.wait
     assert (active, left_out) == ([], [])
     assert wait.startswith("not answering over SSH: rank 1 (ssh://root@127.0.0.1:1): "), wait
     assert "Connection refused" in wait and "waiting for it" in wait
@@ -313,11 +313,11 @@ def test_degraded_mode_leaves_out_a_worker_that_does_not_answer_when_the_model_f
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama: Path
 ) -> None:
     settings = _unreachable_worker_settings(monkeypatch, "auto")
-    supervisor = Supervisor(settings, tiny_llama, Paths(tmp_path), foreground=False)
-    active, left_out, wait = supervisor._choose_workers()
+    workers = remote.configured_workers(settings)
+    choice = choose_workers(settings, workers, tiny_llama)
+    active, left_out, wait = choice.active, choice.left_out, choice.wait
     assert active == [] and wait == ""
     assert [(w.rank, w.host) for w in left_out] == [(1, "ssh://root@127.0.0.1:1")]
     assert "Connection refused" in left_out[0].reason
     # without the model's directory the fit cannot be checked: wait instead
-    blind = Supervisor(settings, None, Paths(tmp_path), foreground=False)
-    assert "the model directory is unknown" in blind._choose_workers()[2]
+    assert "the model directory is unknown" in choose_workers(settings, workers, None).wait
