@@ -10,11 +10,13 @@ PY="$ROOT/.venv/bin/python"
 SERVER_LOG="$ROOT/server.log"
 API_LOG="$ROOT/api.log"
 SETTINGS="$RUN/settings.env"
-RANKS_PID="$RUN/ranks.pid"   # mlx.launch: leader of its own session and process group
-API_PID="$RUN/api.pid"       # api.py: leader of its own session and process group
-STDIN_FIFO="$RUN/launch.stdin"
-RANKS_READY_TIMEOUT=900      # seconds for every rank to load (large models load slowly)
-API_READY_TIMEOUT=60
+SUP_LOG="$ROOT/supervisor.log"
+# Each pid leads its own session and process group. The supervisor (launcher/supervisor.py)
+# starts mlx.launch and api.py, writes their pid files and starts again what ends.
+SUP_PID="$RUN/supervisor.pid"
+RANKS_PID="$RUN/ranks.pid" # mlx.launch
+API_PID="$RUN/api.pid"     # api.py
+RANKS_READY_TIMEOUT=900    # seconds for every rank to load (large models load slowly)
 
 # shellcheck source=scripts/workers.sh
 source "$ROOT/scripts/workers.sh" # remote mode: sync, stop and status of the worker hosts
@@ -31,12 +33,6 @@ show_tail() { # show_tail FILE [LINES]
     printf -- '---- last lines of %s ----\n' "$1" >&2
     tail -n "${2:-25}" "$1" >&2
     printf -- '----\n' >&2
-}
-
-first_error() { # ": <message>" of the first ERROR line since the last start marker
-    local line
-    line="$(awk '/^==== .* start/ { found = "" } / ERROR / && !found { found = $0 } END { print found }' "$1")"
-    [[ -n "$line" ]] && printf ': %s' "${line#* ERROR }"
 }
 
 # ---- settings ---------------------------------------------------------------------------
@@ -62,7 +58,7 @@ api_url() {
 
 remote_mode() { [[ -n "$(cfg WORKER_HOSTS | tr -d ' ,')" ]]; }
 
-workers() { "$PY" -m launcher.hostfile workers; } # "rank ssh-destination dir" lines
+workers() { "$PY" -m launcher.hostfile workers "$@"; } # "rank ssh-destination dir" lines
 
 # -n: never read stdin (these run inside `while read` loops over the workers)
 ssh_batch() { ssh -n -o BatchMode=yes -o ConnectTimeout=5 "$@"; }
@@ -78,8 +74,11 @@ group_alive() { # group_alive PIDFILE PATTERN
     pid="$(pid_of "$1")" || return 1
     [[ -n "$pid" ]] || return 1
     [[ "$(ps -p "$pid" -o pgid= 2>/dev/null | tr -d ' ')" == "$pid" ]] || return 1
-    ps -p "$pid" -o command= 2>/dev/null | grep -q -- "$2"
+    runs "$pid" "$2"
 }
+
+# A zombie (exited, not yet reaped by its parent) shows no command: it does not run.
+runs() { ps -p "$1" -o command= 2>/dev/null | grep -q -- "$2"; } # runs PID PATTERN
 
 # Members of the process group a pid file names, when its leader is gone (mlx.launch killed
 # alone leaves its local ranks and ssh clients behind); only processes that are ours count.
@@ -111,6 +110,7 @@ kill_group() { # kill_group PIDFILE PATTERN NAME: TERM the group, KILL after 10 
 # It execs, so that `detached ... &` leaves $! as the pid of the new session's leader.
 detached() { exec "$PY" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
 
+supervisor_alive() { group_alive "$SUP_PID" launcher.supervisor; }
 ranks_alive() { group_alive "$RANKS_PID" mlx.launch; }
 api_alive() { group_alive "$API_PID" api.py; }
 
@@ -161,53 +161,6 @@ show_plan() { # local mode: the split the ranks will choose and its memory, befo
     return 0 # a refused split is the ranks' to report, with the rest of their start
 }
 
-launch_ranks() {
-    local world port pid cmd=() arg
-    world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
-    port="$("$PY" -m launcher.hostfile free-port --count "$world")" ||
-        abort_start "no free ports for the ring"
-    step "Ranks: $world x server.py with mlx.launch ($(cfg DISTRIBUTED_BACKEND), port $port) -> server.log"
-    rm -f "$STDIN_FIFO" "$RUN"/rank-*.pid
-    mkfifo "$STDIN_FIFO" || abort_start "cannot create $STDIN_FIFO"
-    # The command and the ranks' environment come from launcher/command.py (NUL-separated).
-    while IFS= read -r -d '' arg; do cmd+=("$arg"); done < <("$PY" -m launcher.command ranks --port "$port")
-    ((${#cmd[@]})) || abort_start "could not build the mlx.launch command"
-    # Why a FIFO: see launcher/quiet.py. mlx.launch's stdin must stay open without EOF
-    # (/dev/null is worse: EOF is always readable), so it gets the FIFO opened read-write
-    # on fd 3: it is its own writer.
-    printf '\n==== %s start: %s ranks\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$world" >>"$SERVER_LOG"
-    detached "${cmd[@]}" 3<>"$STDIN_FIFO" <"$STDIN_FIFO" >>"$SERVER_LOG" 2>&1 &
-    pid=$!
-    echo "$pid" >"$RANKS_PID"
-    info "mlx.launch pid $pid"
-}
-
-wait_ranks() {
-    local socket deadline=$((SECONDS + RANKS_READY_TIMEOUT)) shown=""
-    socket="$(cfg SOCKET_PATH)"
-    step "Waiting for rank 0's socket ($socket)"
-    while ((SECONDS < deadline)); do
-        # kill -0, not ranks_alive: right after the fork mlx.launch may not lead its group yet
-        kill -0 "$(pid_of "$RANKS_PID")" 2>/dev/null ||
-            abort_start "the ranks exited during start$(first_error "$SERVER_LOG")" "$SERVER_LOG"
-        if [[ -S "$socket" ]]; then
-            [[ -z "$shown" ]] && info "socket is up; waiting for every rank to load" && shown=1
-            "$PY" -m ipc.client wait-ready --socket "$socket" --timeout 5 >"$RUN/ready.txt" 2>&1 &&
-                { info "$(tail -n 1 "$RUN/ready.txt")"; return 0; }
-        else
-            sleep 0.2
-        fi
-    done
-    abort_start "the ranks were not ready within $RANKS_READY_TIMEOUT s" "$SERVER_LOG"
-}
-
-mark_stdin_done() { # the FIFO byte that stops mlx.launch's busy loop, and a check
-    local line
-    line="$("$PY" -m launcher.quiet "$STDIN_FIFO" "$(pid_of "$RANKS_PID")")" && [[ -n "$line" ]] &&
-        info "$line"
-    return 0
-}
-
 check_api_port() { # before anything starts: api.py could not bind later
     local why
     why="$("$PY" scripts/api_check.py bindable "$(cfg API_HOST)" "$(cfg API_PORT)")" && return 0
@@ -216,31 +169,32 @@ check_api_port() { # before anything starts: api.py could not bind later
     exit 1
 }
 
-start_api() {
-    local pid url
-    url="$(api_url)"
-    step "API: api.py on $url -> api.log"
-    printf '\n==== %s start\n' "$(date '+%Y-%m-%d %H:%M:%S')" >>"$API_LOG"
-    detached "$PY" "$ROOT/api.py" </dev/null >>"$API_LOG" 2>&1 &
+start_supervisor() { # it starts the ranks, then api.py; we print its progress until ready
+    local pid
+    step "Supervisor: starts the ranks and api.py, and starts again what ends -> supervisor.log"
+    rm -f "$RUN/start.progress" "$RUN/start.failed"
+    printf '\n==== %s start\n' "$(date '+%Y-%m-%d %H:%M:%S')" >>"$SUP_LOG"
+    detached "$PY" -m launcher.supervisor run --model-dir "$MODEL_DIR" </dev/null >>"$SUP_LOG" 2>&1 &
     pid=$!
-    echo "$pid" >"$API_PID"
-    "$PY" "$ROOT/scripts/api_check.py" wait "$url" --timeout "$API_READY_TIMEOUT" --pid "$pid" \
-        2>"$RUN/api_wait.txt" || abort_start "$(tail -n 1 "$RUN/api_wait.txt")" "$API_LOG"
-    info "/health is ready"
+    echo "$pid" >"$SUP_PID"
+    info "supervisor pid $pid"
+    "$PY" -m launcher.supervisor follow --pid "$pid" --timeout "$RANKS_READY_TIMEOUT" ||
+        abort_start "$(sed -n 1p "$RUN/start.failed")" "$(sed -n 2p "$RUN/start.failed")"
 }
 
-cmd_start() {
+cmd_start() { # [--foreground]: run the supervisor in this process (launchd, systemd)
+    local foreground="${1:-}"
     setup_venv
     step "Settings (.env, environment overrides)"
     load_settings
     info "$(remote_mode && echo "remote mode: this host + WORKER_HOSTS=$(cfg WORKER_HOSTS)" ||
         echo "local mode: $(cfg NUM_DEVICES) ranks on 127.0.0.1")"
-    if ranks_alive && api_alive && API_KEY="$(cfg API_KEY)" "$PY" scripts/api_check.py \
-        health "$(api_url)" >/dev/null 2>&1; then
-        info "already running: $(api_url) (./launch.sh restart to start afresh)"
+    if supervisor_alive && [[ -z "$foreground" ]]; then
+        info "already running: $(api_url) ($("$PY" -m launcher.supervisor status | head -n 1))"
+        info "./launch.sh restart starts afresh"
         return 0
     fi
-    if ranks_alive || api_alive; then
+    if supervisor_alive || ranks_alive || api_alive; then
         info "found part of a cluster running: stopping it first"
         stop_all quiet
     fi
@@ -249,10 +203,12 @@ cmd_start() {
     write_hosts
     remote_mode && sync_workers && check_workers
     show_plan
-    launch_ranks
-    wait_ranks
-    mark_stdin_done
-    start_api
+    if [[ -n "$foreground" ]]; then
+        step "Supervisor in the foreground (pid $$) -> supervisor.log"
+        exec "$PY" -m launcher.supervisor run --model-dir "$MODEL_DIR" --foreground \
+            </dev/null >>"$SUP_LOG" 2>&1
+    fi
+    start_supervisor
     local url
     url="$(api_url)"
     step "Ready: $url (OpenAI-compatible; logs: ./launch.sh logs, stop: ./launch.sh stop)"
@@ -264,9 +220,33 @@ EOF
 
 # ---- stop -------------------------------------------------------------------------------
 
-stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then workers
-    local socket
+# The supervisor ends the ranks (rank 0's shutdown message first), those recorded on the
+# workers, and api.py. Returns 1 when none ran or it had to be killed.
+stop_supervisor() {
+    local pid
+    supervisor_alive || return 1
+    pid="$(pid_of "$SUP_PID")"
+    rm -f "$RUN/stopped.txt"
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 600); do
+        runs "$pid" launcher.supervisor || break
+        sleep 0.1
+    done
+    if runs "$pid" launcher.supervisor; then
+        kill -KILL -- "-$pid" 2>/dev/null
+        info "the supervisor did not stop within 60 s: killed"
+        rm -f "$SUP_PID"
+        return 1
+    fi
+    [[ -s "$RUN/stopped.txt" ]] && sed 's/^/    /' "$RUN/stopped.txt"
+    info "stopped the supervisor (pid $pid)"
+    rm -f "$SUP_PID"
+}
+
+stop_all() { # stop_all [quiet]: the supervisor; then what a dead supervisor left behind
+    local socket clean=""
     socket="$(cfg SOCKET_PATH 2>/dev/null)"
+    stop_supervisor && clean=1 # it also ended the workers' ranks
     kill_group "$API_PID" api.py "api.py"
     if ranks_alive && [[ -S "$socket" ]]; then
         # rank 0 ends every rank with exit 0; mlx.launch then exits by itself
@@ -278,8 +258,7 @@ stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then wo
     fi
     kill_group "$RANKS_PID" mlx.launch "mlx.launch and the local ranks"
     "$ROOT/scripts/ranks.sh" stop | sed 's/^/    /'
-    remote_mode && stop_workers "${1:-}"
-    rm -f "$STDIN_FIFO"
+    remote_mode && [[ -z "$clean" ]] && stop_workers "${1:-}"
     [[ -n "$socket" && -S "$socket" ]] && ! ranks_alive && rm -f "$socket"
     return 0
 }
@@ -287,10 +266,10 @@ stop_all() { # stop_all [quiet]: API, then ranks (clean shutdown first), then wo
 cmd_stop() {
     [[ -x "$PY" ]] || { info "nothing to stop (no .venv)"; return 0; }
     load_settings
-    if ! ranks_alive && ! api_alive; then
+    if ! supervisor_alive && ! ranks_alive && ! api_alive; then
         step "Stop"
         stop_all quiet # leftovers: a rank whose mlx.launch died, remote ranks
-        info "nothing was running (no api.py, no mlx.launch)"
+        info "nothing was running (no supervisor, api.py or mlx.launch)"
         return 0
     fi
     step "Stop"
@@ -305,6 +284,7 @@ cmd_status() {
     load_settings
     local ok=0 state url
     url="$(api_url)"
+    "$PY" -m launcher.supervisor status || ok=1
     if ranks_alive; then
         echo "mlx.launch: running (pid $(pid_of "$RANKS_PID"))"
     else
@@ -342,8 +322,12 @@ cmd_test() {
 }
 
 cmd_logs() {
-    touch "$SERVER_LOG" "$API_LOG"
-    exec tail -n 40 -F "$SERVER_LOG" "$API_LOG"
+    touch "$SERVER_LOG" "$API_LOG" "$SUP_LOG"
+    exec tail -n 40 -F "$SERVER_LOG" "$API_LOG" "$SUP_LOG"
+}
+
+cmd_service() { # install|uninstall: start the cluster at boot under launchd or systemd
+    [[ -x "$PY" ]] || setup_venv && "$PY" -m launcher.service "$@"
 }
 
 cmd_detect() {
@@ -356,8 +340,7 @@ cmd_detect() {
 cmd_plan() { # the split and each rank's memory for MODEL and the hosts; loads no weight
     setup_venv
     load_settings
-    local model_dir
-    local model
+    local model_dir model
     model="$(cfg MODEL)"
     step "Model: ${model:-default (SmolLM2-135M-Instruct)}"
     model_dir="$("$PY" -m acquisition.source 2> >(sed 's/^/    /' >&2) | tail -n 1)"
@@ -370,14 +353,18 @@ usage() {
     cat <<'EOF'
 Usage: ./launch.sh COMMAND
 
-  start     create .venv if needed, resolve the model, launch the ranks (mlx.launch)
-            and api.py in the background, wait until /health is ready
-  stop      end api.py and every rank (local and remote); safe to repeat
+  start     create .venv if needed, resolve the model, start the supervisor, which
+            launches the ranks (mlx.launch) and api.py in the background and starts
+            again whatever ends; wait until /health is ready. --foreground: the
+            supervisor runs in this process instead (what the boot service runs)
+  stop      end the supervisor, api.py and every rank (local and remote); safe to repeat
   restart   stop, then start
-  status    each rank and host, rank 0's state and plan, the API's health
-            (exit 0 only when everything is up)
+  status    the supervisor (restarts, last failure), each rank and host, rank 0's state
+            and plan, the API's health (exit 0 only when everything is up)
   test      send one chat completion and print the answer with its figures
-  logs      follow server.log (ranks) and api.log
+  logs      follow server.log (ranks), api.log and supervisor.log
+  service   install|uninstall: start the cluster at boot (launchd agent on macOS,
+            systemd unit on Linux)
   detect    check the worker hosts over SSH (Python, mlx, mlx-lm, free memory)
   plan      the split of MODEL over the ranks and each rank's predicted weight and KV
             memory against its machine, before anything loads (exit 2: does not fit)
@@ -392,7 +379,7 @@ main() {
     local command="${1:-help}"
     shift || true
     case "$command" in
-    start) cmd_start ;;
+    start) cmd_start "$@" ;;
     stop) cmd_stop ;;
     restart) cmd_stop && cmd_start ;;
     status) cmd_status ;;
@@ -400,6 +387,7 @@ main() {
     logs) cmd_logs ;;
     detect) cmd_detect ;;
     plan) cmd_plan ;;
+    service) cmd_service "$@" ;;
     help | -h | --help) usage ;;
     *)
         fail "unknown command '$command'"

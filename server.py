@@ -83,6 +83,12 @@ def _progress_reporter(
     return lambda done, total: booting.on_progress(0, done, total)
 
 
+def _peer_lost(exc: RuntimeError) -> bool:
+    """MLX's distributed backends report a lost peer as a RuntimeError named `[backend] ...`
+    (e.g. `[ring] connection to a peer was lost`) from inside a collective."""
+    return str(exc).startswith("[") or "peer" in str(exc)
+
+
 def main(settings: Settings) -> int:
     group, ident = init_group(settings.distributed_backend)
     setup_logging(settings.log_level, ident.role)
@@ -144,7 +150,14 @@ def main(settings: Settings) -> int:
         assert isinstance(wake, WakeReceiver)
         wake.send_ready(mine.model_dump())
         log.info("ready; waiting for work")
-        _worker_loop(engine, broadcaster, wake)
+        try:
+            _worker_loop(engine, broadcaster, wake)
+        except RuntimeError as exc:
+            if not _peer_lost(exc):
+                raise
+            die(
+                EXIT_PEER_GONE, f"a collective failed ({exc}): a peer rank is gone; this rank exits"
+            )
         return 0
     assert wake is None or isinstance(wake, WakeSender)
     tokenizer = load_tokenizer(info.path)
@@ -193,7 +206,12 @@ def main(settings: Settings) -> int:
     log.info(
         "ready: %s on %d rank(s); socket %s", info.model_id, ident.world_size, settings.socket_path
     )
-    leader.run()
+    try:
+        leader.run()
+    except RuntimeError as exc:
+        if not _peer_lost(exc):
+            raise
+        die(EXIT_PEER_GONE, f"a collective failed ({exc}): a worker rank is gone; stopping")
     socket.close()
     log.info("stopped")
     return 0

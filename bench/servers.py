@@ -100,6 +100,8 @@ def _pid_alive(text: str) -> bool:
 
 
 def _role(command: str) -> str:
+    if "launcher.supervisor" in command:
+        return "supervisor"
     if "mlx.launch" in command:
         return "mlx.launch"
     if "api.py" in command:
@@ -109,8 +111,9 @@ def _role(command: str) -> str:
 
 def process_cpu(groups: list[int]) -> dict[str, tuple[str, float]]:
     """{name: (role, CPU seconds)} of the live processes in these process groups (Linux
-    /proc; empty elsewhere). Names: `mlx.launch`, `api`, `rank N` (from MLX_RANK), else
-    `pid N`; a pid is appended when a name repeats. Roles: mlx.launch, api, ranks."""
+    /proc; empty elsewhere). Names: `supervisor`, `mlx.launch`, `api`, `rank N` (from
+    MLX_RANK), else `pid N`; a pid is appended when a name repeats. Roles: supervisor,
+    mlx.launch, api, ranks."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, tuple[str, float]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -132,10 +135,10 @@ def process_cpu(groups: list[int]) -> dict[str, tuple[str, float]]:
 
 
 def launch_groups(root: Path) -> list[int]:
-    """Process groups of the cluster launch.sh started from ROOT: mlx.launch (with the
-    ranks) and api.py each lead one, and their pids are in ROOT/run."""
+    """Process groups of the cluster launch.sh started from ROOT: the supervisor,
+    mlx.launch (with the ranks) and api.py each lead one, and their pids are in ROOT/run."""
     groups = []
-    for name in ("ranks.pid", "api.pid"):
+    for name in ("supervisor.pid", "ranks.pid", "api.pid"):
         path = root / "run" / name
         text = path.read_text().strip() if path.exists() else ""
         groups += [int(text)] if text.isdigit() else []
@@ -184,7 +187,7 @@ class Ours:
         )
 
     def start(self) -> None:
-        for name in ("ranks.pid", "api.pid"):  # launch.sh keeps one cluster per checkout
+        for name in ("supervisor.pid", "ranks.pid", "api.pid"):  # one cluster per checkout
             pid_file = ROOT / "run" / name
             if pid_file.exists() and _pid_alive(pid_file.read_text().strip()):
                 raise RuntimeError(

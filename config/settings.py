@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     keep_warm_seconds: float = Field(default=60.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    # Supervision (launcher/supervisor.py restarts the ranks and api.py)
+    restart_wait_seconds: float = Field(default=30.0, ge=0)
+    restart_limit: int = Field(default=5, ge=1)
+    restart_window_seconds: float = Field(default=600.0, gt=0)
+    degraded_mode: Literal["off", "auto"] = "off"
+
     # Debug switches
     ring_profile_collectives: bool = Field(
         default=False, description="time every in-forward all_sum (adds sync points)"

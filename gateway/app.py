@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -18,11 +20,14 @@ from gateway.openai import chat, completions, models
 from gateway.rank_client import RankClient
 from gateway.routers import health, info, metrics
 from gateway.telemetry import Telemetry
+from ipc.supervisor_state import STATE_ENV, StateReader
 
 
 def create_app(settings: Settings) -> FastAPI:
     """Build the app; the rank-0 connection starts with the app's lifespan."""
-    client = RankClient(settings.socket_path)
+    state_file = os.environ.get(STATE_ENV)
+    supervisor = StateReader(Path(state_file)) if state_file else None
+    client = RankClient(settings.socket_path, supervisor=supervisor)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

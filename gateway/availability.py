@@ -3,7 +3,10 @@ the HTTP status, Retry-After and /health reason every route uses.
 
 The state is rank 0's own (ipc.protocol.RankState) while the API is connected to it;
 otherwise what the connection says: `down` (no connection), `connecting` (no status yet),
-or `stale` (connected, but no status answer for a while).
+or `stale` (connected, but no status answer for a while). Under launch.sh's supervisor
+(ipc/supervisor_state.py), `supervised` tells that state with what the supervisor does
+about it: `restarting` while it starts the ranks again (new requests may wait for them,
+RESTART_WAIT_SECONDS), `failed` once it gave up, and the workers a degraded job left out.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ipc.protocol import RankState
+from ipc.supervisor_state import SupervisorState
 
-ClusterState = Literal["ready", "loading", "stopping", "failed", "down", "connecting", "stale"]
+ClusterState = Literal[
+    "ready", "loading", "stopping", "failed", "down", "connecting", "stale", "restarting"
+]
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,13 @@ TABLE: dict[ClusterState, tuple[int, int | None, bool]] = {
     "connecting": (503, 1, False),
     # rank 0 answers requests on the same connection: send them, but /health warns
     "stale": (503, 2, True),
+    # the supervisor is starting the ranks again: new requests wait (RESTART_WAIT_SECONDS)
+    "restarting": (503, 5, False),
 }
+# While the supervisor runs one of these phases, a state that is not ready is a restart
+# under way (it may not have noticed the end of the job yet: a few milliseconds).
+_RESTARTING_PHASES = ("starting", "running", "restarting")
+_DOWN_STATES = ("loading", "down", "connecting", "restarting")
 
 
 def availability(state: ClusterState, reason: str) -> Availability:
@@ -47,3 +59,24 @@ def availability(state: ClusterState, reason: str) -> Availability:
 
 def from_rank_state(state: RankState, reason: str) -> Availability:
     return availability(state.value, reason)
+
+
+def supervised(now: Availability, supervisor: SupervisorState | None) -> Availability:
+    """`now` (the ranks as the API sees them) with what the supervisor is doing about it."""
+    if supervisor is None:
+        return now
+    if supervisor.phase == "failed":
+        return availability("failed", f"the supervisor {supervisor.summary()}")
+    if now.state in _DOWN_STATES and supervisor.phase in _RESTARTING_PHASES:
+        if supervisor.phase == "running":  # it has not seen the job end yet
+            return availability("restarting", f"{now.reason}; the supervisor restarts them")
+        return availability("restarting", f"the supervisor is {supervisor.summary()}")
+    note = supervisor.degraded_note()
+    if note and now.state == "ready":
+        return Availability("ready", f"{now.reason}, {note}", *TABLE["ready"])
+    return now
+
+
+def waits_for_restart(now: Availability) -> bool:
+    """Whether a new request should wait for the ranks rather than get 503 at once."""
+    return now.state == "restarting"

@@ -4,7 +4,8 @@ Requests are multiplexed by id: each submitted request gets its own queue, fed b
 reader task. A poller asks for Status every `status_interval` seconds; the answer is
 cached for /health, /model/info, /cluster/status and the metrics. When the socket is
 down the client reconnects with backoff; a dropped connection ends every in-flight
-request with `ConnectionLost`.
+request with `ConnectionLost`. Under launch.sh's supervisor, its state file adds what the
+supervisor is doing (restarting, gave up, degraded) to the availability.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.availability import Availability, availability, from_rank_state
+from gateway.availability import (
+    Availability,
+    availability,
+    from_rank_state,
+    supervised,
+    waits_for_restart,
+)
 from ipc.framing import FrameError, encode_frame, read_frame
 from ipc.protocol import (
     PROTOCOL_VERSION,
@@ -37,12 +44,16 @@ from ipc.protocol import (
     Submit,
     Welcome,
 )
+from ipc.supervisor_state import StateReader
 
 log = logging.getLogger("ring.api.rank_client")
 
 HANDSHAKE_TIMEOUT_S = 5.0
 BACKOFF_MIN_S = 0.2
-BACKOFF_MAX_S = 2.0
+# At most this long between the ranks being back and the API noticing: it bounds the
+# recovery time after a restart (a connect to a missing socket costs nothing).
+BACKOFF_MAX_S = 1.0
+RESTART_POLL_S = 0.1  # how often a request waiting for a restart looks again
 
 
 @dataclass
@@ -69,9 +80,15 @@ class RankClient:
     """Asyncio client of rank 0. Call `start()` inside the event loop, `close()` at the end."""
 
     def __init__(
-        self, socket_path: Path, *, status_interval: float = 1.0, stale_after: float = 10.0
+        self,
+        socket_path: Path,
+        *,
+        status_interval: float = 1.0,
+        stale_after: float = 10.0,
+        supervisor: StateReader | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
+        self.supervisor = supervisor
         self.status_interval = status_interval
         self.stale_after = stale_after
         self._writer: asyncio.StreamWriter | None = None
@@ -109,6 +126,19 @@ class RankClient:
 
     def availability(self) -> Availability:
         """The cluster's state as the API sees it (gateway.availability's table)."""
+        now = self._ranks_availability()
+        return supervised(now, self.supervisor.read() if self.supervisor else None)
+
+    async def wait_for_restart(self, timeout: float) -> None:
+        """While the supervisor restarts the ranks, wait up to `timeout` s for them."""
+        deadline = time.monotonic() + timeout
+        while waits_for_restart(self.availability()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(RESTART_POLL_S, remaining))
+
+    def _ranks_availability(self) -> Availability:
         if not self.connected:
             return availability("down", self.down_reason)
         status = self.status
@@ -224,6 +254,9 @@ class RankClient:
                 raise ValueError(f"rank 0 answered the handshake with {type(welcome).__name__}")
             self.model_id = welcome.model_id
             self.model_aliases = welcome.model_aliases
+            # A status from before the reconnect may say ready while rank 0 (restarted)
+            # still loads: none until rank 0 answers ("connecting" meanwhile).
+            self.status = None
             self._writer = writer
             log.info("connected to rank 0 on %s (model %s)", self.socket_path, welcome.model_id)
             poller = asyncio.create_task(self._poll_status())

@@ -3,7 +3,7 @@
 launch.sh, the tests' clusters and the benchmarks all start ranks through this module, so
 the BLAS preload, the threads-per-rank rule and mlx.launch's arguments live here only.
 
-    python -m launcher.command ranks --port P    # launch.sh: the job's argv, NUL-separated
+    python -m launcher.command ranks --port P    # the job's argv, NUL-separated (debugging)
     python -m launcher.command exec -- PROG ...  # scripts/rank.sh, on every host: preload
                                                  # this host's OpenBLAS, then exec Python
     python -m launcher.command blas-env          # test.sh: `export` lines for pytest
@@ -21,6 +21,10 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -93,12 +97,17 @@ def _local_entries(hostfile: Path) -> int:
     return sum(1 for host in hosts if host.get("ssh") == "127.0.0.1")
 
 
-def launch_sh_argv(port: int, environ: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
-    """`env VAR=... mlx.launch ...` for launch.sh's job (launch.sh adds only its stdin FIFO):
-    every host of hosts.json runs RANK_SHELL."""
+def launch_sh_argv(
+    port: int,
+    environ: dict[str, str] | os._Environ[str] = os.environ,
+    settings: Settings | None = None,
+) -> list[str]:
+    """`env VAR=... mlx.launch ...` for launch.sh's job (the supervisor adds only its stdin):
+    every host of hosts.json runs RANK_SHELL. `settings` defaults to the loaded ones; the
+    supervisor passes those of a job without a left-out worker."""
     from config import load_settings
 
-    settings = load_settings()
+    settings = settings or load_settings()
     job = Job(
         program=["server.py"],
         port=port,

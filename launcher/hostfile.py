@@ -11,6 +11,7 @@ destination; "127.0.0.1" makes mlx.launch run that rank locally without SSH), `i
 
     python -m launcher.hostfile write [--out hosts.json]
     python -m launcher.hostfile workers          # "rank ssh-destination dir" per worker
+    python -m launcher.hostfile workers --current  # the same for the running job only
     python -m launcher.hostfile free-port --count N
 """
 
@@ -161,12 +162,27 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _left_out() -> set[int]:
+    """Ranks (in the full cluster) the supervisor's running job left out."""
+    from ipc.supervisor_state import read_state
+    from launcher.paths import Paths
+
+    state = read_state(Paths(PROJECT_DIR).state)
+    return {worker.rank for worker in state.left_out} if state else set()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.hostfile")
     sub = parser.add_subparsers(dest="command", required=True)
     write = sub.add_parser("write", help="write hosts.json for mlx.launch")
     write.add_argument("--out", type=Path, default=PROJECT_DIR / "hosts.json")
-    sub.add_parser("workers", help="print 'rank ssh-destination REMOTE_DIR' per worker")
+    listing = sub.add_parser("workers", help="print 'rank ssh-destination REMOTE_DIR' per worker")
+    listing.add_argument(
+        "--current",
+        action="store_true",
+        help="only the workers of the running job, with their ranks in it (DEGRADED_MODE=auto "
+        "may leave some out)",
+    )
     port = sub.add_parser("free-port", help="print the first of N consecutive free ports")
     port.add_argument("--count", type=int, default=1)
     args = parser.parse_args(argv)
@@ -181,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     def run(settings: Settings) -> int:
         if args.command == "workers":
             pairs = zip(worker_destinations(settings), settings.remote_dirs, strict=True)
-            for rank, ((_, dest), remote_dir) in enumerate(pairs, start=1):
+            left_out = _left_out() if args.current else set()
+            kept = [
+                (dest, d) for rank, ((_, dest), d) in enumerate(pairs, 1) if rank not in left_out
+            ]
+            for rank, (dest, remote_dir) in enumerate(kept, start=1):
                 print(rank, dest, remote_dir)
             return 0
         entries = build_hosts(settings)

@@ -1,19 +1,19 @@
-"""Stop mlx.launch's relay busy loop: one byte on the FIFO that is its stdin, then a check.
+"""Stop mlx.launch's relay busy loop: one byte on its stdin once the ranks run, then a check.
 
 mlx.launch's relay threads select() on each rank's stdin pipe, which is always writable,
 so it spins (a core or more) while the ranks idle. The ranks close their stdin at start;
 once one byte reaches mlx.launch's stdin, its write to each closed pipe fails and it stops
-watching them. A rank that had not closed its stdin yet keeps its pipe watched, so a
-second byte follows while mlx.launch still spins. CPU is read from /proc (Linux only).
-
-    python -m launcher.quiet FIFO PID      prints "mlx.launch CPU: A% before ..., B% after"
+watching them. Its own stdin must stay open without EOF (/dev/null is worse: EOF is always
+readable), so the supervisor gives it the reading end of a pipe whose writing end it
+keeps. A rank that had not closed its stdin yet keeps its pipe watched, so a second byte
+follows while mlx.launch still spins. CPU is read from /proc (Linux only).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SPINNING = 20  # % of one core above which mlx.launch is still busy-looping
@@ -39,34 +39,26 @@ def cpu_percent(pid: int, seconds: float) -> int | None:
     return (after - before) * 100 // os.sysconf("SC_CLK_TCK") // max(1, round(seconds))
 
 
-def nudge(fifo: Path) -> bool:
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:
-        return False
+def write_byte(fd: int) -> bool:
+    """One byte on the pipe that is mlx.launch's stdin; False when it cannot be written."""
     try:
         os.write(fd, b"\n")
-    finally:
-        os.close(fd)
+    except OSError:
+        return False
     return True
 
 
-def main(argv: list[str]) -> int:
-    fifo, pid = Path(argv[0]), int(argv[1])
+def quiet_launcher(nudge: Callable[[], bool], pid: int) -> str | None:
+    """Nudge until mlx.launch stops spinning. Returns the line that says so (or warns),
+    None where there is nothing to tell (no /proc, or mlx.launch is gone)."""
     before = cpu_percent(pid, 1)
     cpu = None
     for _ in range(3):
-        if not nudge(fifo):
-            return 0
+        if not nudge():
+            return None
         cpu = cpu_percent(pid, 1)
         if cpu is None:
-            return 0
+            return None
         if cpu < SPINNING:
-            print(f"mlx.launch CPU: {before}% before the stdin byte, {cpu}% after (of one core)")
-            return 0
-    print(f"warning: mlx.launch still uses {cpu}% of a core while idle", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+            return f"mlx.launch CPU: {before}% before the stdin byte, {cpu}% after (of one core)"
+    return f"warning: mlx.launch still uses {cpu}% of a core while idle"

@@ -46,7 +46,7 @@ stop_workers() { # stop_workers [quiet]: end the ranks each worker recorded, by 
     done < <(workers 2>/dev/null)
 }
 
-status_workers() { # each worker's ranks; returns 1 when any is down or unreachable
+status_workers() { # the running job's workers (DEGRADED_MODE=auto may leave some out)
     local rank dest dir ok=0 rc
     while read -r rank dest dir; do
         ssh_batch "$dest" "$dir/scripts/ranks.sh status $dest $rank" 2>/dev/null
@@ -57,6 +57,6 @@ status_workers() { # each worker's ranks; returns 1 when any is down or unreacha
         2) ok=1 && echo "rank $rank: DOWN on $dest (no rank recorded in $dir/run)" ;;
         *) ok=1 && echo "rank $rank: DOWN on $dest (unreachable over SSH, exit $rc)" ;;
         esac
-    done < <(workers)
+    done < <(workers --current)
     return $ok
 }

@@ -28,3 +28,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         starts_ranks = any(hasattr(module, name) for name in ("Cluster", "Job", "Project"))
         if starts_ranks and item.get_closest_marker("cluster") is None:
             raise pytest.UsageError(f"{item.nodeid} can start ranks but is not marked `cluster`")
+
+
+@pytest.fixture(scope="session")
+def endless_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama (4 layers: pipeline parallel over 3 ranks works) whose greedy
+    answers always run to max_tokens; read-only."""
+    directory = tmp_path_factory.mktemp("endless-llama") / "model"
+    return write_tiny_model(directory, num_hidden_layers=4, never_stops=True)

@@ -4,9 +4,7 @@ live series, recent requests and the prefix cache, all from what api.py already 
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -99,20 +97,13 @@ def _hit_rate(recent: list[RecentRequest]) -> float | None:
     return sum(r.cached_tokens for r in recent) / prompt if prompt else None
 
 
-def _supervisor(path: Path | None) -> dict[str, Any] | None:
-    """The supervisor's state file, when one runs the ranks."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        state: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return state
+def _supervisor(client: RankClient) -> dict[str, Any] | None:
+    """What the supervisor reports (ipc/supervisor_state.py), when one runs the ranks."""
+    state = client.supervisor.read() if client.supervisor else None
+    return state.model_dump() | {"summary": state.summary()} if state else None
 
 
-def dashboard_state(
-    client: RankClient, telemetry: Telemetry, supervisor_file: Path | None = None
-) -> DashboardState:
+def dashboard_state(client: RankClient, telemetry: Telemetry) -> DashboardState:
     """Everything the page shows, from cached state only (the ranks are never asked)."""
     status = client.status
     now = client.availability()
@@ -130,5 +121,5 @@ def dashboard_state(
         recent=recent,
         prefix_cache=status.prefix_cache if status else PrefixCacheStats(),
         hit_rate=_hit_rate(recent),
-        supervisor=_supervisor(supervisor_file),
+        supervisor=_supervisor(client),
     )

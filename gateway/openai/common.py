@@ -22,8 +22,10 @@ class Submittable(Protocol):
 async def begin(
     request: Request, body: Submittable, id_prefix: str, prompt_param: str
 ) -> tuple[Generation, ResponseHead]:
-    """Check the model, submit the request and wait until rank 0 accepted it."""
+    """Check the model, submit the request and wait until rank 0 accepted it (first, while
+    the supervisor restarts the ranks, up to RESTART_WAIT_SECONDS for them)."""
     state = request.app.state
+    await state.rank_client.wait_for_restart(state.settings.restart_wait_seconds)
     model_id = served_model(state.rank_client, body.model)
     submit = body.to_submit(new_request_id(id_prefix), Limits.of(state))
     generation = Generation(request, submit, prompt_param)

@@ -14,6 +14,7 @@ def _readiness(request: Request) -> JSONResponse:
     client = request.app.state.rank_client
     now = client.availability()
     status = client.status if client.connected else None
+    supervisor = client.supervisor.read() if client.supervisor else None
     body = {
         "status": now.state,
         "ready": now.http_status == 200,
@@ -22,6 +23,7 @@ def _readiness(request: Request) -> JSONResponse:
         "rank0_connected": client.connected,
         "world_size": status.world_size if status else None,
         "active_requests": status.active_requests if status else None,
+        "supervisor": supervisor.summary() if supervisor else None,
     }
     headers = {"Retry-After": str(now.retry_after)} if now.retry_after else {}
     return JSONResponse(body, status_code=now.http_status, headers=headers)

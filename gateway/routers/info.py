@@ -46,13 +46,18 @@ async def cluster_status(request: Request) -> dict[str, Any]:
 
     Answers 200 even when the ranks are down: `state` and `reason` say so, and `ranks`
     holds the last known report (`stale`: true) so an operator sees what went missing.
+    `supervisor` (under launch.sh) holds its phase, restarts, failures and left-out workers.
     """
     client = request.app.state.rank_client
     status = await client.fetch_status()
     now = client.availability()
+    supervisor = client.supervisor.read() if client.supervisor else None
     body: dict[str, Any] = {
         "state": now.state,
         "reason": now.reason,
+        "supervisor": supervisor.model_dump() | {"summary": supervisor.summary()}
+        if supervisor
+        else None,
         "rank0_connected": client.connected,
         "socket_path": str(client.socket_path),
         "api_in_flight_requests": client.in_flight,

@@ -92,8 +92,11 @@ def write_tiny_model(
     seed: int = 0,
     words: tuple[str, ...] = (),
     template: str = CHATML_TEMPLATE,
+    never_stops: bool = False,
 ) -> Path:
-    """Write a random model of the given shape; returns `directory`."""
+    """Write a random model of the given shape; returns `directory`. `never_stops`: the
+    end-of-text token's logit is always 0 while the others spread around it, so greedy
+    generation always runs to max_tokens (for tests that need long streams)."""
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = write_byte_tokenizer(directory, words, template)
     config: dict = {
@@ -122,6 +125,9 @@ def write_tiny_model(
     if not tie_word_embeddings:
         shape = model.lm_head.weight.shape
         model.lm_head.weight = mx.random.normal(shape) * (2.0 / hidden_size**0.5)
+        if never_stops:
+            eos = config["eos_token_id"]
+            model.lm_head.weight[eos] = mx.zeros((hidden_size,))
     if quantize_bits:
         nn.quantize(model, group_size=group_size, bits=quantize_bits)
         config["quantization"] = {"group_size": group_size, "bits": quantize_bits}

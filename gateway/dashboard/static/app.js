@@ -166,11 +166,9 @@ function renderSupervisor(s) {
   const sup = s.supervisor;
   const box = $("supervisor");
   if (!sup) { box.textContent = "no supervisor reports"; return; }
-  const restarts = sup.restarts || sup.history || [];
-  const lines = [`${sup.state ?? "?"}${sup.reason ? `: ${sup.reason}` : ""}`];
-  for (const r of restarts.slice(-8).reverse()) {
-    const when = r.at ? new Date(r.at * 1000).toLocaleTimeString() : "";
-    lines.push(`${when} ${r.reason ?? JSON.stringify(r)}`);
+  const lines = [sup.summary];
+  for (const r of (sup.history || []).slice(-8).reverse()) {
+    lines.push(`${new Date(r.at * 1000).toLocaleTimeString()} ${r.what}: ${r.reason}`);
   }
   box.textContent = lines.join("\n");
   box.style.whiteSpace = "pre-wrap";

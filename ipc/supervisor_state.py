@@ -1,0 +1,151 @@
+"""The supervisor's state file: what launcher/supervisor.py is doing about the ranks.
+
+The supervisor writes it (run/supervisor.json, atomically: a temporary file renamed over
+the old one) at every change; api.py reads it for /health, /cluster/status and
+Retry-After, and `./launch.sh status` prints its summary. The reader trusts a file only
+while the pid it names is alive, so a killed supervisor is never reported as running.
+Standard library and pydantic only: api.py never imports mlx.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ValidationError
+
+# starting: the first start; running: the ranks serve; restarting: they ended and the
+# supervisor starts them again (attempt, next_try_at); failed: it gave up (reason);
+# stopping/stopped: `./launch.sh stop`.
+Phase = Literal["starting", "running", "restarting", "failed", "stopping", "stopped"]
+HISTORY = 20  # failures kept in the file
+# The supervisor gives api.py the file's path in this variable (not a setting: only the
+# supervisor sets it; an api.py started without it reports the ranks alone).
+STATE_ENV = "MLX_RING_SUPERVISOR_STATE"
+
+
+class Failure(BaseModel):
+    """One thing that ended: the ranks' job or api.py."""
+
+    at: float  # unix time
+    what: Literal["ranks", "api"]
+    reason: str
+
+
+class LeftOut(BaseModel):
+    """A worker the current job runs without (DEGRADED_MODE=auto)."""
+
+    rank: int  # its rank in the full cluster (WORKER_HOSTS order + 1)
+    host: str  # its SSH destination
+    reason: str
+
+
+class SupervisorState(BaseModel):
+    """What the supervisor is doing now, and what happened before."""
+
+    pid: int
+    phase: Phase
+    since: float  # unix time of the last phase change
+    reason: str = ""  # restarting: what ended the job; failed: why it gave up
+    attempt: int = 0  # start attempts since the ranks were last ready
+    next_try_at: float | None = None  # restarting: when the next start begins
+    restarts: int = 0  # ranks restarted since the supervisor started
+    api_restarts: int = 0
+    world_size: int | None = None  # ranks of the current (or last) job
+    history: list[Failure] = []  # most recent last
+    left_out: list[LeftOut] = []
+
+    def remember(self, failure: Failure) -> None:
+        self.history = [*self.history, failure][-HISTORY:]
+
+    def degraded_note(self) -> str:
+        """'' when the whole cluster runs; else who is left out and why."""
+        if not self.left_out:
+            return ""
+        names = ", ".join(f"rank {w.rank} ({w.host}): {w.reason}" for w in self.left_out)
+        return f"running without {names} (DEGRADED_MODE=auto)"
+
+    def summary(self, now: float | None = None) -> str:
+        """One line for people: the phase, why, and what comes next."""
+        now = time.time() if now is None else now
+        count = f"{self.restarts} restart{'s' if self.restarts != 1 else ''}"
+        last = self.history[-1] if self.history else None
+        if self.phase == "running":
+            text = f"running, {count} of the ranks, {self.api_restarts} of api.py"
+            if last:
+                text += f"; last failure {_ago(now - last.at)} ago ({last.what}): {last.reason}"
+        elif self.phase == "starting":
+            text = f"starting the ranks (attempt {max(self.attempt, 1)})"
+        elif self.phase == "restarting":
+            if self.next_try_at is not None and self.next_try_at > now:
+                attempt = f"attempt {self.attempt + 1} in {self.next_try_at - now:.0f} s"
+            else:
+                attempt = f"attempt {self.attempt} under way"
+            text = f"restarting the ranks ({attempt}) after: {self.reason}"
+        elif self.phase == "failed":
+            text = f"gave up restarting the ranks: {self.reason}; ./launch.sh restart tries again"
+        else:
+            text = self.phase + (f": {self.reason}" if self.reason else "")
+        note = self.degraded_note()
+        return f"{text}; {note}" if note else text
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def write_state(path: Path, state: SupervisorState) -> None:
+    """Replace the file atomically: a reader sees the old or the new state, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(state.model_dump_json(indent=1))
+    os.replace(temporary, path)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_state(path: Path) -> SupervisorState | None:
+    """The state, or None when there is no file, it cannot be read, or its pid is gone."""
+    try:
+        state = SupervisorState.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return None
+    return state if pid_alive(state.pid) else None
+
+
+class StateReader:
+    """Reads the file again only when it changed (api.py asks on every /health)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key: tuple[int, int] | None = None
+        self._state: SupervisorState | None = None
+
+    def read(self) -> SupervisorState | None:
+        key = None
+        with contextlib.suppress(OSError):
+            stat = self.path.stat()
+            key = (stat.st_mtime_ns, stat.st_size)
+        if key is None:
+            self._key, self._state = None, None
+            return None
+        if key != self._key:
+            self._key, self._state = key, read_state(self.path)
+        elif self._state is not None and not pid_alive(self._state.pid):
+            self._state = None
+        return self._state
