@@ -151,13 +151,14 @@ write_hosts() {
     sed 's/^/    /' "$RUN/hosts.txt"
 }
 
-show_plan() { # local mode: the split the ranks will choose, before they load anything
+show_plan() { # local mode: the split the ranks will choose and its memory, before they load
     remote_mode && return 0
-    local world
-    world="$(grep -c '"ssh"' "$ROOT/hosts.json")"
-    "$PY" -m distributed.plan --model "$MODEL_DIR" --world "$world" --local \
-        --parallelism "$(cfg PARALLELISM)" 2>/dev/null | sed 's/^ *//; s/^/    /'
-    return 0 # a refused plan is the ranks' to report, with the rest of their start
+    local out
+    out="$("$PY" -m launcher.plan_check "$MODEL_DIR" 2>&1)"
+    printf '%s\n' "$out" | grep -v '^refused: ' | sed 's/^ *//; s/^/    /'
+    printf '%s\n' "$out" | grep -q '^refused: .* short by ' &&
+        warn "$(printf '%s\n' "$out" | sed -n 's/^refused: //p')"
+    return 0 # a refused split is the ranks' to report, with the rest of their start
 }
 
 launch_ranks() {
@@ -352,6 +353,19 @@ cmd_detect() {
     "$PY" -m launcher.detect
 }
 
+cmd_plan() { # the split and each rank's memory for MODEL and the hosts; loads no weight
+    setup_venv
+    load_settings
+    local model_dir
+    local model
+    model="$(cfg MODEL)"
+    step "Model: ${model:-default (SmolLM2-135M-Instruct)}"
+    model_dir="$("$PY" -m acquisition.source 2> >(sed 's/^/    /' >&2) | tail -n 1)"
+    [[ -n "$model_dir" ]] || { fail "could not resolve MODEL (see the lines above)"; exit 1; }
+    step "Plan ($(remote_mode && echo "this host + WORKER_HOSTS" || echo "$(cfg NUM_DEVICES) local ranks"))"
+    "$PY" -m launcher.plan_check "$model_dir"
+}
+
 usage() {
     cat <<'EOF'
 Usage: ./launch.sh COMMAND
@@ -365,6 +379,8 @@ Usage: ./launch.sh COMMAND
   test      send one chat completion and print the answer with its figures
   logs      follow server.log (ranks) and api.log
   detect    check the worker hosts over SSH (Python, mlx, mlx-lm, free memory)
+  plan      the split of MODEL over the ranks and each rank's predicted weight and KV
+            memory against its machine, before anything loads (exit 2: does not fit)
   help      this text
 
 Settings come from .env (see .env.example); environment variables override it:
@@ -383,6 +399,7 @@ main() {
     test) cmd_test "$@" ;;
     logs) cmd_logs ;;
     detect) cmd_detect ;;
+    plan) cmd_plan ;;
     help | -h | --help) usage ;;
     *)
         fail "unknown command '$command'"

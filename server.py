@@ -24,7 +24,7 @@ from config.logging_setup import setup_logging
 from config.settings import run_with_settings
 from distributed.broadcast import Broadcaster
 from distributed.group import init_group, leader_address
-from distributed.loader import ModelLoadError, load_for_rank
+from distributed.loader import ModelLoadError, install_eval_guard, load_for_rank
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
@@ -124,7 +124,9 @@ def main(settings: Settings) -> int:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
     with watchdog.guard("KV size probe (one-token forward)"):
-        per_token = kv_bytes_per_token(model)
+        per_token = kv_bytes_per_token(model, group)
+    # After the probe: the guard does not nest, and the probe holds one around its forward.
+    install_eval_guard(model, watchdog.guard)
     budget = rank_budget(
         settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
     )

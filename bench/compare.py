@@ -1,6 +1,11 @@
 """Our cluster against mlx_lm.server: same model directory, rank count and machine, one run.
 
     .venv/bin/python -m bench.compare [--ranks 1 2] [--markdown run/bench/compare.md]
+    .venv/bin/python -m bench.compare --moe --ranks 1 2 3 --even-ranks   # the MoE model
+
+`--moe` runs a random-weight qwen3_moe model of about 330 MB (bench/moe_model.py, written
+once into --cache-dir with the default model's tokenizer). mlx_lm.server runs only at the
+rank counts its even shard() can split (the others are reported as not run, with why).
 
 For each rank count: start our cluster with `./launch.sh start` (NUM_DEVICES, an own
 API_PORT, SOCKET_PATH and MODEL_CACHE_DIR), run the workloads, `./launch.sh stop`; then
@@ -40,6 +45,7 @@ from bench.loadgen import (
     summarize,
     table,
 )
+from bench.moe_model import make_moe_model, peer_cannot_split
 from bench.report import markdown_report, ratio_rows
 from bench.servers import (
     PY,
@@ -167,6 +173,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="peer-quiet: mlx_lm.server with mlx.launch's relay busy loop stopped (>1 rank)",
     )
     parser.add_argument("--model", default="", help="MODEL setting ('' = default SmolLM2)")
+    parser.add_argument(
+        "--moe",
+        action="store_true",
+        help="benchmark the random-weight qwen3_moe model (bench/moe_model.py) instead",
+    )
     parser.add_argument("--import-dtype", default="float32")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
     parser.add_argument(
@@ -237,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.openblas_threads:
         env["OPENBLAS_NUM_THREADS"] = args.openblas_threads
     model_dir = resolve_model_dir(env)
+    if args.moe:
+        model_dir = make_moe_model(model_dir, args.cache_dir / "moe-qwen3_moe-330M")
     log(f"model directory: {model_dir}")
     counter = token_counter(model_dir)
     workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
@@ -254,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
                 server = Ours(ranks, env, directory, workdir)
             else:
                 server = Peer(ranks, env, directory, workdir, quiet_launcher=kind == "peer-quiet")
+                config = json.loads((directory / "config.json").read_text())
+                reason = peer_cannot_split(config, ranks) if ranks > 1 else None
+                if reason:
+                    log(f"{server.name}, {key}: not run: {reason}")
+                    results[key][server.name] = f"not run: {reason}"
+                    continue
             tag = f"{stamp}-{index}"
             results[key][server.name] = run_one(server, key, args, counter, tag)
     even = next((d for _, _, d in setups(args, model_dir) if d != model_dir), None)

@@ -17,6 +17,7 @@ from mlx_lm.utils import load_model
 
 from acquisition.source import ModelSourceError, resolve_model, served_names
 from config import Settings
+from distributed.expert_parallel import EvalGuard, LocalExperts
 from distributed.hosts import RankHost, gather_hosts
 from distributed.pipeline import PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
@@ -62,17 +63,37 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(array.nbytes for _, array in arrays)
 
 
+def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
+    """Give every part of `model` that evaluates inside the forward pass (pipeline stages'
+    sends and receives, expert routing) the watchdog's guard; returns how many."""
+    parts = [model] + [module for _, module in model.named_modules()]
+    count = 0
+    for part in parts:
+        if isinstance(part, PipelineStage | LocalExperts):
+            part.eval_guard = guard
+            count += 1
+    return count
+
+
 Progress = Callable[[int, int], None]  # (layers loaded, layers in all)
 
 
+def _evaluate_each(module: nn.Module) -> None:
+    arrays: list[tuple[str, mx.array]] = tree_flatten(module.parameters())  # type: ignore[assignment]
+    for _, array in arrays:
+        mx.eval(array)
+
+
 def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
-    # Layer by layer, so a rank's peak stays near one full layer above its own share.
+    # Layer by layer and tensor by tensor: evaluating a slice reads its whole source tensor
+    # (a stacked expert projection can be gigabytes), so a rank's peak stays one source
+    # tensor above its own share.
     layers = [layer for layer in getattr(model, "layers", []) if layer is not None]
     for done, layer in enumerate(layers, start=1):
-        mx.eval(layer.parameters())
+        _evaluate_each(layer)
         if progress is not None:
             progress(done, len(layers))
-    mx.eval(model.parameters())
+    _evaluate_each(model)
 
 
 def load_rank_model(

@@ -1,14 +1,11 @@
-"""The parts of a model config that decide how it can be split."""
+"""The parts of a model config that decide how it can be split, read through its family."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-
-# Families whose blocks have q/k/v/o_proj + gate/up/down_proj and the llama-style layer loop.
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
-FAMILY_ALIASES = {"mistral": "llama"}
 
 
 class PlanError(ValueError):
@@ -16,11 +13,21 @@ class PlanError(ValueError):
 
 
 class ModelShape(BaseModel):
-    """The parts of a model config that decide how it can be split."""
+    """Counts and sizes the planner splits, read from config.json by the model's family.
+
+    Attention: `num_heads` query heads of `head_dim` rows in the query projection, grouped
+    over `num_kv_heads` KV heads (MLA: one group per head); every KV head owns
+    `kv_rows_per_head` rows of each key/value projection and every query head
+    `v_head_dim` input columns of the output projection. MoE: `moe_layers` layers hold
+    `num_experts` routed experts of `expert_size` columns (plus shared experts of
+    `shared_size` columns); the other `dense_layers` layers hold a dense MLP of
+    `intermediate_size` columns.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     model_type: str
+    family: str = ""  # "" when the model type is not registered
     hidden_size: int
     num_heads: int
     num_kv_heads: int
@@ -31,14 +38,44 @@ class ModelShape(BaseModel):
     tie_word_embeddings: bool
     group_size: int | None = None
     bits: int | None = None
-
-    @property
-    def family(self) -> str:
-        return FAMILY_ALIASES.get(self.model_type, self.model_type)
+    quant_mode: str = "affine"
+    v_head_dim: int = 0  # 0: head_dim
+    kv_rows_per_head: int = 0  # 0: head_dim
+    dense_layers: int = -1  # -1: every layer
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_size: int = 0
+    shared_size: int = 0
+    moe_layers: int = 0
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
+    # Parameters per layer: moving with one KV group (its KV head and query heads), and
+    # kept whole on every rank (low-rank projections, norms, router).
+    head_group_params: int = 0
+    fixed_layer_params: int = 0
+    # KV-cache elements per token per layer: per KV group, and shared by all heads (MLA latent).
+    kv_elements_per_group: int = 0
+    kv_elements_shared: int = 0
 
     @property
     def quantized(self) -> bool:
         return self.bits is not None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.moe_layers > 0
+
+    @property
+    def o_columns_per_head(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def kv_rows(self) -> int:
+        return self.kv_rows_per_head or self.head_dim
+
+    @property
+    def dense_layer_count(self) -> int:
+        return self.num_layers if self.dense_layers < 0 else self.dense_layers
 
     @property
     def mlp_unit(self) -> int:
@@ -46,41 +83,67 @@ class ModelShape(BaseModel):
         return self.group_size if self.quantized and self.group_size else 1
 
     @classmethod
-    def from_config(cls, config: dict) -> ModelShape:
-        """Read a Hugging Face / mlx-lm config.json dictionary."""
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        """Read a Hugging Face / mlx-lm config.json dictionary through the model's family."""
+        from distributed.families import registered
+        from distributed.families.reading import text_view
+
+        model_type = str(config.get("model_type", "unknown"))
+        family = registered(model_type)
+        text = text_view(config)
         try:
-            heads = int(config["num_attention_heads"])
-            hidden = int(config["hidden_size"])
-            model_type = str(config.get("model_type", "unknown"))
-            head_dim = int(config.get("head_dim") or hidden // heads)
-            if FAMILY_ALIASES.get(model_type, model_type) == "qwen2":
-                head_dim = hidden // heads  # mlx-lm's qwen2 ignores a head_dim entry
-            quant = config.get("quantization") or config.get("quantization_config") or {}
+            fields = family.read(config) if family is not None else _generic(text)
+            quant = _quantization(config)
             return cls(
                 model_type=model_type,
-                hidden_size=hidden,
-                num_heads=heads,
-                num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                head_dim=head_dim,
-                intermediate_size=int(config["intermediate_size"]),
-                num_layers=int(config["num_hidden_layers"]),
-                vocab_size=int(config.get("vocab_size", 0)),
-                tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-                group_size=_layer_group_size(quant) if quant.get("bits") else None,
-                bits=int(quant["bits"]) if quant.get("bits") else None,
+                family=family.name if family is not None else "",
+                vocab_size=int(text.get("vocab_size") or 0),
+                num_layers=int(text.get("num_hidden_layers") or text["num_layers"]),
+                hidden_size=int(text["hidden_size"]),
+                **quant,
+                **fields,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"model config cannot be planned: missing or bad field {exc}") from None
 
 
-def _layer_group_size(quant: dict) -> int:
-    """The group size every split of a block's projections must respect.
+def _generic(config: dict[str, Any]) -> dict[str, Any]:
+    """What a single rank needs to describe a model of a family the registry lacks."""
+    heads = int(config.get("num_attention_heads") or 1)
+    hidden = int(config["hidden_size"])
+    return {
+        "num_heads": heads,
+        "num_kv_heads": int(config.get("num_key_value_heads") or heads),
+        "head_dim": int(config.get("head_dim") or hidden // heads),
+        "intermediate_size": int(config.get("intermediate_size") or 0),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+
+
+def _quantization(config: dict[str, Any]) -> dict[str, Any]:
+    """Bits, group size and mode of the weights the planner cuts across their input columns.
 
     mlx-lm configs may override quantization per layer ("model.layers.3.mlp.down_proj":
-    {"group_size": 64, ...}); a cut must then fall on a boundary of every group size used.
+    {"group_size": 64, ...}); a cut must then fall on a boundary of every group size used by
+    a module cut along its input (o_proj, down_proj). Routers and experts are never cut so.
+    A Hugging Face `quantization_config` with only a `quant_method` (gpt-oss's mxfp4) covers
+    the experts alone, which split by expert: the rest is float.
     """
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    if not quant.get("bits"):
+        return {}
     size = int(quant.get("group_size", 64))
     for key, value in quant.items():
-        if isinstance(value, dict) and ".layers." in f".{key}" and value.get("group_size"):
+        if not isinstance(value, dict) or not value.get("group_size"):
+            continue
+        if key.endswith(("o_proj", "down_proj")) and not _expert_path(key):
             size = math.lcm(size, int(value["group_size"]))
-    return size
+    return {
+        "group_size": size,
+        "bits": int(quant["bits"]),
+        "quant_mode": quant.get("mode", "affine"),
+    }
+
+
+def _expert_path(key: str) -> bool:
+    return ".switch_mlp." in key or ".experts." in key

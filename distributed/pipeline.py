@@ -1,11 +1,13 @@
-"""Pipeline parallelism for llama/qwen2/qwen3: one contiguous range of layers per rank.
+"""Pipeline parallelism for every registered family: one contiguous range of layers per rank.
 
 Rank 0 embeds the tokens and runs the first layers, each later rank receives the hidden
 state from its left ring neighbour and sends its own to the right; the last stage
 applies the final norm to the last position and sends the result back to rank 0 (its
 right ring neighbour): logits when it holds an untied head, else the normed hidden state,
 to which rank 0 applies the tied embedding head. Every rank returns logits shaped
-[B, 1, V], correct on rank 0 only (zeros elsewhere).
+[B, 1, V], correct on rank 0 only (zeros elsewhere). Masks and caches follow the family's own
+forward (distributed/families): one shared mask, one per window kind (sliding-window layers
+keep a RotatingKVCache), or a boolean array (deepseek_v3's MLA applies it with mx.where).
 
 Each call evaluates its own sends and receives before it returns. Ranks run different
 graphs, and a point-to-point stream carries no message boundaries: if a caller queued
@@ -24,11 +26,12 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+from distributed.families import registered
 from distributed.plan import Plan
 
 
 class PipelineStage(nn.Module):
-    """This rank's stage of a llama-style model, called like an mlx-lm model."""
+    """This rank's stage of a registered family's model, called like an mlx-lm model."""
 
     def __init__(self, model: nn.Module, plan: Plan, group: mx.distributed.Group):
         super().__init__()
@@ -45,11 +48,15 @@ class PipelineStage(nn.Module):
         self.vocab_size = plan.shape.vocab_size
         self.hidden_size = plan.shape.hidden_size
         embed = inner.embed_tokens
-        # Every stage must agree on the dtype of the hidden state it sends and receives.
-        self.hidden_dtype = (embed.scales if hasattr(embed, "scales") else embed.weight).dtype
-        self.sliding_window = getattr(inner, "sliding_window", None)
+        # Every stage must agree on the dtype of the hidden state it sends and receives: the
+        # final norm's (never quantized; an mxfp4 embedding's scales are uint8).
+        self.hidden_dtype = inner.norm.weight.dtype
+        family = registered(plan.shape.model_type)
+        self.mask_kind = family.mask if family is not None else "shared"
+        self.sliding_window = plan.shape.sliding_window
         start, end = share.layers
         self.layers = inner.layers[start:end]
+        self.sliding = [i in plan.shape.sliding_layers for i in range(start, end)]
         if share.embeddings:
             self.embed_tokens = embed
         if self.last:
@@ -62,20 +69,19 @@ class PipelineStage(nn.Module):
     def make_cache(self) -> list[Any]:
         """One cache per local layer (a rotating one for sliding-window layers)."""
         return [
-            RotatingKVCache(max_size=self.sliding_window)
-            if getattr(layer, "use_sliding", False)
-            else KVCache()
-            for layer in self.layers
+            RotatingKVCache(max_size=self.sliding_window) if sliding else KVCache()
+            for sliding in self.sliding
         ]
 
     def _run_layers(self, h: mx.array, cache: list[Any]) -> mx.array:
         masks: dict[bool, Any] = {}
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            sliding = bool(getattr(layer, "use_sliding", False))
+        for layer, layer_cache, sliding in zip(self.layers, cache, self.sliding, strict=True):
             if sliding not in masks:
                 window = self.sliding_window if sliding else None
-                masks[sliding] = create_attention_mask(h, layer_cache, window_size=window)
-            h = layer(h, masks[sliding], cache=layer_cache)
+                masks[sliding] = create_attention_mask(
+                    h, layer_cache, window_size=window, return_array=self.mask_kind == "array"
+                )
+            h = layer(h, masks[sliding], layer_cache)
         return h
 
     def _head(self, h: mx.array) -> mx.array:
@@ -111,7 +117,8 @@ class PipelineStage(nn.Module):
             sent = mx.distributed.send(out.astype(mx.float32), 0, group=self.group)
             self._eval(sent, "pipeline send to rank 0")
             return mx.zeros(logits_shape)
-        self._eval(mx.distributed.send(h, self.rank + 1, group=self.group), "pipeline send")
+        sent = mx.distributed.send(h.astype(self.hidden_dtype), self.rank + 1, group=self.group)
+        self._eval(sent, "pipeline send")
         if not self.first:
             return mx.zeros(logits_shape)
         width = self.hidden_size if self.tied else self.vocab_size

@@ -1,41 +1,62 @@
-"""Split planner: which KV-head groups, query heads, MLP columns and layers each rank holds.
+"""Split planner: which heads, experts, MLP columns, vocabulary rows and layers each rank holds.
 
-`make_plan` reads only the model config, so a split that cannot be honoured is refused
-(with the reason and the alternatives that would work) before any weight loads.
-Shares follow the rank weights by the largest-remainder method, at least one unit per rank.
+`make_plan` reads only the model config (through the family registry), so a split that
+cannot be honoured is refused (with the reason and the alternatives that would work) before
+any weight loads. Tensor plans split attention by whole KV-head groups, dense MLPs by
+columns, MoE layers by whole experts and the embeddings and head by vocabulary rows; the
+fine units (columns, rows) are weighed so that every rank's whole share follows its weight
+(distributed/shares.py). Pipeline plans give each rank a contiguous range of layers.
+`fits` adds the memory check: predicted weights and KV per rank against each machine.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
-from config.settings import Parallelism, RankWeights, parse_rank_weights
-from distributed.hosts import RankHost, crowded_host, this_host
-from distributed.model_shape import SUPPORTED_FAMILIES, ModelShape, PlanError
+from config.settings import Parallelism, RankWeights
+from distributed.families import registered
+from distributed.hosts import RankHost, crowded_host
+from distributed.model_shape import ModelShape, PlanError
+from distributed.shares import Span, apportion, balance, spans, split
+from distributed.split_checks import (
+    Context,
+    alternatives,
+    column_problems,
+    head_problems,
+    is_even,
+    pipeline_problems,
+    refuse,
+    tensor_problems,
+    unregistered,
+)
 
-__all__ = ["ModelShape", "Plan", "PlanError", "RankShare", "apportion", "make_plan"]
+if TYPE_CHECKING:
+    from distributed.memory import FitReport
+
+__all__ = ["ModelShape", "Plan", "PlanError", "RankShare", "apportion", "fits", "make_plan"]
 
 Strategy = Literal["single", "tensor-even", "tensor-uneven", "pipeline"]
 
 
 class RankShare(BaseModel):
-    """One rank's part. Ranges are [start, end) in units of heads, columns or layers."""
+    """One rank's part. Ranges are [start, end) in units of heads, experts, columns,
+    vocabulary rows or layers; (0, 0) where the rank holds none."""
 
     rank: int
     weight: float
-    kv_heads: tuple[int, int]
-    q_heads: tuple[int, int]
-    mlp_columns: tuple[int, int]
-    layers: tuple[int, int]
+    kv_heads: Span
+    q_heads: Span
+    mlp_columns: Span
+    layers: Span
     embeddings: bool
     head: bool
+    experts: Span = (0, 0)
+    shared_columns: Span = (0, 0)
+    vocab: Span = (0, 0)
 
 
 class Plan(BaseModel):
@@ -47,153 +68,96 @@ class Plan(BaseModel):
     weights: list[float]
     shape: ModelShape
     ranks: list[RankShare]
-    note: str = ""  # why auto chose this strategy, when it is not the first choice
+    split_heads: bool = False  # tensor: attention by heads (else whole on every rank)
+    split_experts: bool = False  # tensor: MoE layers by expert
+    split_vocab: bool = False  # tensor: embeddings and head by vocabulary rows
+    via_mlx_lm: bool = False  # tensor through mlx-lm's own Model.shard()
+    note: str = ""  # why auto chose this strategy, or what stays whole
 
     @property
     def is_tensor(self) -> bool:
         return self.strategy in ("tensor-even", "tensor-uneven")
 
+    @property
+    def split_parts(self) -> str:
+        """What a tensor plan splits, e.g. 'heads + experts + vocabulary'."""
+        if self.via_mlx_lm:
+            return "mlx-lm's shard()"
+        parts = [
+            name
+            for name, on in (
+                ("heads", self.split_heads),
+                ("mlp columns", self.shape.dense_layer_count > 0),
+                ("experts", self.split_experts),
+                ("vocabulary", self.split_vocab),
+            )
+            if on
+        ]
+        return " + ".join(parts)
+
     def describe(self) -> list[str]:
         """One headline plus one line per rank, for logs and the CLI."""
         s = self.shape
-        quant = f"{s.bits}-bit, group {s.group_size}" if s.quantized else "float"
+        quant = f"{s.bits}-bit {s.quant_mode}, group {s.group_size}" if s.quantized else "float"
+        kind = f" by {self.split_parts}" if self.is_tensor else ""
+        moe = ""
+        if s.is_moe:
+            moe = (
+                f", {s.num_experts} experts x {s.expert_size} (top {s.experts_per_token}) in "
+                f"{s.moe_layers} MoE layers"
+                + (f", shared {s.shared_size}" if s.shared_size else "")
+            )
+        mlp = f"mlp {s.intermediate_size}" + (
+            f" in {s.dense_layer_count} dense layers" if s.is_moe else ""
+        )
         lines = [
-            f"plan {self.strategy} (asked {self.requested}) for {s.model_type} on "
+            f"plan {self.strategy}{kind} (asked {self.requested}) for {s.model_type} on "
             f"{self.world_size} rank(s), weights {','.join(f'{w:g}' for w in self.weights)}: "
-            f"{s.num_heads} q / {s.num_kv_heads} kv heads x {s.head_dim}, mlp "
-            f"{s.intermediate_size}, {s.num_layers} layers, {quant}"
+            f"{s.num_heads} q / {s.num_kv_heads} kv heads x {s.head_dim}, {mlp}{moe}, "
+            f"{s.num_layers} layers, {quant}"
         ]
         if self.note:
             lines[0] += f"; {self.note}"
-        for r in self.ranks:
-            if self.is_tensor:
-                body = (
-                    f"kv heads {_span(r.kv_heads)}, q heads {_span(r.q_heads)}, "
-                    f"mlp columns {_span(r.mlp_columns)}, all {s.num_layers} layers"
-                )
-            else:
-                body = f"layers {_span(r.layers)}"
-            head = "head"
-            if not self.is_tensor and s.tie_word_embeddings and self.world_size > 1:
-                head = "tied head (on the final hidden state from the last stage)"
-            final_norm = not self.is_tensor and r.rank == self.world_size - 1
-            parts = (("embeddings", r.embeddings), ("final norm", final_norm), (head, r.head))
-            extras = [name for name, on in parts if on]
-            if extras:
-                body += " + " + " + ".join(extras)
-            lines.append(f"  rank {r.rank} (weight {r.weight:g}): {body}")
+        lines += [
+            f"  rank {r.rank} (weight {r.weight:g}): {self._rank_body(r)}" for r in self.ranks
+        ]
         return lines
 
+    def _rank_body(self, r: RankShare) -> str:
+        s = self.shape
+        if self.is_tensor and self.via_mlx_lm:
+            body = f"1/{self.world_size} of every head and MLP, all {s.num_layers} layers"
+        elif self.is_tensor:
+            parts = (
+                [f"kv heads {_span(r.kv_heads)}", f"q heads {_span(r.q_heads)}"]
+                if self.split_heads
+                else ["attention whole"]
+            )
+            if s.dense_layer_count:
+                parts.append(f"mlp columns {_span(r.mlp_columns)}")
+            if s.is_moe:
+                parts.append(f"experts {_span(r.experts)}")
+            if s.shared_size:
+                parts.append(f"shared columns {_span(r.shared_columns)}")
+            if self.split_vocab:
+                parts.append(f"vocab {_span(r.vocab)}")
+            body = ", ".join(parts) + f", all {s.num_layers} layers"
+        else:
+            body = f"layers {_span(r.layers)}"
+        head = "head"
+        if not self.is_tensor and s.tie_word_embeddings and self.world_size > 1:
+            head = "tied head (on the final hidden state from the last stage)"
+        final_norm = not self.is_tensor and r.rank == self.world_size - 1
+        parts_on = (("embeddings", r.embeddings), ("final norm", final_norm), (head, r.head))
+        extras = [name for name, on in parts_on if on and not self.split_vocab]
+        return body + (" + " + " + ".join(extras) if extras else "")
 
-def _span(span: tuple[int, int]) -> str:
+
+def _span(span: Span) -> str:
     start, end = span
+    if end == start:
+        return "none"
     return f"{start}-{end - 1} ({end - start})" if end - start != 1 else f"{start} (1)"
-
-
-def apportion(total: int, weights: list[float]) -> list[int]:
-    """Split `total` units by weight: largest remainder, then at least one unit per rank."""
-    if total < len(weights):
-        raise ValueError(f"cannot give {len(weights)} ranks at least one of {total} units")
-    scale = total / sum(weights)
-    ideal = [w * scale for w in weights]
-    shares = [math.floor(x) for x in ideal]
-    by_remainder = sorted(range(len(weights)), key=lambda i: (-(ideal[i] - shares[i]), i))
-    for i in by_remainder[: total - sum(shares)]:
-        shares[i] += 1
-    for i in range(len(shares)):
-        if shares[i] == 0:
-            donor = max(
-                (j for j in range(len(shares)) if shares[j] > 1),
-                key=lambda j: (shares[j] - ideal[j], -j),
-            )
-            shares[donor] -= 1
-            shares[i] = 1
-    return shares
-
-
-def _ranges(shares: list[int], unit: int = 1) -> list[tuple[int, int]]:
-    out, start = [], 0
-    for share in shares:
-        out.append((start * unit, (start + share) * unit))
-        start += share
-    return out
-
-
-def _tensor_problems(shape: ModelShape, world: int, weights: list[float]) -> list[str]:
-    """Reasons a tensor split cannot be honoured (empty when it can)."""
-    problems = []
-    if shape.num_heads % shape.num_kv_heads:
-        problems.append(
-            f"{shape.num_heads} query heads do not group evenly over {shape.num_kv_heads} KV heads"
-        )
-    if world > shape.num_kv_heads:
-        problems.append(
-            f"tensor parallel gives each rank whole KV heads: the model has "
-            f"{shape.num_kv_heads} KV heads, fewer than {world} ranks"
-        )
-    unit = shape.mlp_unit
-    if shape.intermediate_size % unit:
-        problems.append(
-            f"intermediate size {shape.intermediate_size} is not a whole number of "
-            f"quantization groups of {unit}"
-        )
-    elif shape.intermediate_size // unit < world:
-        problems.append(
-            f"{shape.intermediate_size // unit} MLP units of {unit} columns, "
-            f"fewer than {world} ranks"
-        )
-    if problems or not shape.quantized:
-        return problems
-    per_kv = shape.num_heads // shape.num_kv_heads * shape.head_dim
-    for start, _ in _ranges(apportion(shape.num_kv_heads, weights))[1:]:
-        column = start * per_kv
-        if column % unit:
-            problems.append(
-                f"the o_proj split at input column {column} would cut a quantization group "
-                f"of {unit} ({per_kv} columns per KV-head group)"
-            )
-            break
-    return problems
-
-
-def _pipeline_problems(shape: ModelShape, world: int) -> list[str]:
-    if world > shape.num_layers:
-        return [f"pipeline gives each rank whole layers: {shape.num_layers} layers, {world} ranks"]
-    return []
-
-
-def _is_even(shape: ModelShape, world: int, weights: list[float]) -> bool:
-    if len(set(weights)) != 1:
-        return False
-    counts = (shape.num_kv_heads, shape.num_heads, shape.intermediate_size)
-    if any(count % world for count in counts):
-        return False
-    if shape.quantized:
-        unit = shape.mlp_unit
-        per_rank = (shape.intermediate_size // world, shape.num_heads * shape.head_dim // world)
-        return all(cols % unit == 0 for cols in per_rank)
-    return True
-
-
-def _alternatives(shape: ModelShape, world: int, weights: list[float], failed: str) -> list[str]:
-    """What would work instead, for the refusal message."""
-    out = []
-    if failed != "tensor" and not _tensor_problems(shape, world, weights):
-        out.append(f"PARALLELISM=tensor works with {world} ranks")
-    if failed != "pipeline" and not _pipeline_problems(shape, world):
-        out.append(f"PARALLELISM=pipeline works with {world} ranks")
-    if failed == "tensor":
-        fits = [n for n in range(2, world) if not _tensor_problems(shape, n, [1.0] * n)]
-        if fits:
-            out.append(f"tensor parallel works with NUM_DEVICES in {fits} (equal weights)")
-    elif failed == "pipeline":
-        out.append(f"pipeline works with at most {shape.num_layers} ranks")
-    out.append("NUM_DEVICES=1 always works if the model fits one machine")
-    return out
-
-
-def _refuse(reasons: list[str], alternatives: list[str]) -> PlanError:
-    return PlanError("; ".join(reasons) + ". What would work: " + "; ".join(alternatives))
 
 
 def _check_weights(world_size: int, weights: list[float] | None) -> list[float]:
@@ -218,6 +182,9 @@ def resolve_weights(spec: RankWeights, hosts: list[RankHost]) -> list[float] | N
     return spec
 
 
+# ---- plans ------------------------------------------------------------------------------
+
+
 def make_plan(
     config: dict,
     world_size: int,
@@ -235,45 +202,25 @@ def make_plan(
         raise PlanError(f"PARALLELISM={parallelism!r} must be one of auto, tensor, pipeline")
     weights = _check_weights(world_size, weights)
     shape = ModelShape.from_config(config)
-    layers_all = (0, shape.num_layers)
     if world_size == 1:
-        share = RankShare(
-            rank=0,
-            weight=weights[0],
-            kv_heads=(0, shape.num_kv_heads),
-            q_heads=(0, shape.num_heads),
-            mlp_columns=(0, shape.intermediate_size),
-            layers=layers_all,
-            embeddings=True,
-            head=True,
+        return _single_plan(shape, weights, parallelism)
+    family = registered(shape.model_type)
+    if family is None:
+        raise unregistered(shape.model_type)
+    ctx = Context(shape, family, config)
+    tensor_refusal = tensor_problems(shape, family, config, world_size, weights)
+    pipeline_refusal = pipeline_problems(shape, family, world_size)
+    if parallelism == "tensor" and tensor_refusal:
+        raise refuse(tensor_refusal, alternatives(ctx, world_size, weights, "tensor"))
+    if parallelism == "pipeline" and pipeline_refusal:
+        raise refuse(pipeline_refusal, alternatives(ctx, world_size, weights, "pipeline"))
+    if parallelism == "auto" and tensor_refusal and pipeline_refusal:
+        raise refuse(
+            tensor_refusal + pipeline_refusal, alternatives(ctx, world_size, weights, "both")
         )
-        return Plan(
-            strategy="single",
-            requested=parallelism,
-            world_size=1,
-            weights=weights,
-            shape=shape,
-            ranks=[share],
-        )
-    if shape.family not in SUPPORTED_FAMILIES:
-        raise PlanError(
-            f"model type {shape.model_type!r} cannot be split: tensor and pipeline "
-            f"parallelism support {', '.join(SUPPORTED_FAMILIES)}. What would work: NUM_DEVICES=1"
-        )
-    tensor_problems = _tensor_problems(shape, world_size, weights)
-    pipeline_problems = _pipeline_problems(shape, world_size)
-    if parallelism == "tensor" and tensor_problems:
-        raise _refuse(tensor_problems, _alternatives(shape, world_size, weights, "tensor"))
-    if parallelism == "pipeline" and pipeline_problems:
-        raise _refuse(pipeline_problems, _alternatives(shape, world_size, weights, "pipeline"))
-    if parallelism == "auto" and tensor_problems and pipeline_problems:
-        raise _refuse(
-            tensor_problems + pipeline_problems,
-            _alternatives(shape, world_size, weights, "both"),
-        )
-    use_tensor = parallelism == "tensor" or (parallelism == "auto" and not tensor_problems)
+    use_tensor = parallelism == "tensor" or (parallelism == "auto" and not tensor_refusal)
     crowded = crowded_host(hosts) if hosts and parallelism == "auto" else None
-    if use_tensor and crowded and not pipeline_problems:
+    if use_tensor and crowded and not pipeline_refusal:
         # Ranks that take turns on the cores wait for each other twice a layer in tensor
         # parallel: a decode step of the default model took 428 ms with 3 local ranks on
         # 2 cores, 124 ms pipeline parallel.
@@ -285,58 +232,152 @@ def make_plan(
         )
         return plan
     if use_tensor:
+        if family.via_mlx_lm:
+            return _mlx_lm_plan(shape, world_size, weights, parallelism)
         return _tensor_plan(shape, world_size, weights, parallelism)
     return _pipeline_plan(shape, world_size, weights, parallelism)
 
 
-def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
-    group = shape.num_heads // shape.num_kv_heads
-    kv = _ranges(apportion(shape.num_kv_heads, weights))
-    unit = shape.mlp_unit
-    mlp = _ranges(apportion(shape.intermediate_size // unit, weights), unit)
-    ranks = [
-        RankShare(
-            rank=r,
-            weight=weights[r],
-            kv_heads=kv[r],
-            q_heads=(kv[r][0] * group, kv[r][1] * group),
-            mlp_columns=mlp[r],
-            layers=(0, shape.num_layers),
-            embeddings=True,
-            head=True,
-        )
-        for r in range(world)
-    ]
-    strategy = "tensor-even" if _is_even(shape, world, weights) else "tensor-uneven"
+def _whole(shape: ModelShape, rank: int, weight: float, layers: Span, first: bool, head: bool):
+    return RankShare(
+        rank=rank,
+        weight=weight,
+        kv_heads=(0, shape.num_kv_heads),
+        q_heads=(0, shape.num_heads),
+        mlp_columns=(0, shape.intermediate_size),
+        layers=layers,
+        embeddings=first,
+        head=head,
+        experts=(0, shape.num_experts),
+        shared_columns=(0, shape.shared_size),
+        vocab=(0, shape.vocab_size) if first or head else (0, 0),
+    )
+
+
+def _single_plan(shape: ModelShape, weights: list[float], asked: str) -> Plan:
+    share = _whole(shape, 0, weights[0], (0, shape.num_layers), True, True)
     return Plan(
-        strategy=strategy,
+        strategy="single",
+        requested=asked,
+        world_size=1,
+        weights=weights,
+        shape=shape,
+        ranks=[share],
+    )
+
+
+def _mlx_lm_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+    ranks = [_whole(shape, r, weights[r], (0, shape.num_layers), True, True) for r in range(world)]
+    return Plan(
+        strategy="tensor-even",
         requested=asked,
         world_size=world,
         weights=weights,
         shape=shape,
         ranks=ranks,
+        via_mlx_lm=True,
     )
 
 
-def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
-    layers = _ranges(apportion(shape.num_layers, weights))
-    last = world - 1
-    # A tied head is the embedding matrix, which rank 0 already holds: it applies the head
-    # to the final hidden state the last stage sends back, so nothing is stored twice.
-    head_rank = 0 if shape.tie_word_embeddings else last
+def _fine_weights(
+    shape: ModelShape, weights: list[float], kv: list[int], experts: list[int], split_shared: bool
+) -> list[float]:
+    """Weights for the MLP columns, shared-expert columns and vocabulary rows that even out
+    each rank's parameters, given its whole KV heads and experts (shares.balance)."""
+    layers, hidden = shape.num_layers, shape.hidden_size
+    # What every rank holds whatever the split: norms, routers, low-rank projections, and the
+    # attention itself when its heads cannot split.
+    fixed = float(shape.fixed_layer_params * layers + hidden)
+    attention = shape.head_group_params * layers
+    if not sum(kv):
+        fixed += attention * shape.num_kv_heads
+    expert = 3 * hidden * shape.expert_size * shape.moe_layers
+    held = [fixed + h * attention + e * expert for h, e in zip(kv, experts, strict=True)]
+    shared = 3 * hidden * shape.shared_size * shape.moe_layers
+    if not split_shared:
+        held[0] += shared  # whole on rank 0
+    rows = (1 if shape.tie_word_embeddings else 2) * hidden * shape.vocab_size
+    columns = 3 * hidden * shape.intermediate_size * shape.dense_layer_count
+    return balance(weights, held, columns + rows + (shared if split_shared else 0))
+
+
+def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+    heads_problems = head_problems(shape, world, weights)
+    split_heads = not heads_problems
+    kv = apportion(shape.num_kv_heads, weights) if split_heads else [0] * world
+    experts = apportion(shape.num_experts, weights) if shape.is_moe else [0] * world
+    unit = shape.mlp_unit
+    split_shared = bool(shape.shared_size) and not column_problems(
+        shape.shared_size, unit, world, "shared expert"
+    )
+    fine_weights = _fine_weights(shape, weights, kv, experts, split_shared)
+    kv_spans = _spans_or_none(kv, world)
+    group = shape.num_heads // shape.num_kv_heads
+    mlp = (
+        split(shape.intermediate_size, fine_weights, unit)
+        if shape.dense_layer_count
+        else [(0, 0)] * world
+    )
+    if split_shared:
+        shared = split(shape.shared_size, fine_weights, unit)
+    else:
+        shared = [(0, shape.shared_size)] + [(0, 0)] * (world - 1)
+    split_vocab = shape.vocab_size >= world  # a config without vocab_size keeps it whole
+    vocab = (
+        split(shape.vocab_size, fine_weights) if split_vocab else [(0, shape.vocab_size)] * world
+    )
+    expert_spans = _spans_or_none(experts, world)
     ranks = [
         RankShare(
             rank=r,
             weight=weights[r],
-            kv_heads=(0, shape.num_kv_heads),
-            q_heads=(0, shape.num_heads),
-            mlp_columns=(0, shape.intermediate_size),
-            layers=layers[r],
-            embeddings=r == 0,
-            head=r == head_rank,
+            kv_heads=kv_spans[r] if split_heads else (0, shape.num_kv_heads),
+            q_heads=(
+                (kv_spans[r][0] * group, kv_spans[r][1] * group)
+                if split_heads
+                else (0, shape.num_heads)
+            ),
+            mlp_columns=mlp[r],
+            layers=(0, shape.num_layers),
+            embeddings=True,
+            head=True,
+            experts=expert_spans[r],
+            shared_columns=shared[r],
+            vocab=vocab[r],
         )
         for r in range(world)
     ]
+    notes = []
+    if shape.is_moe and not split_heads:
+        notes.append(f"attention whole on every rank ({'; '.join(heads_problems)})")
+    if shape.shared_size and not split_shared:
+        notes.append("shared experts whole on rank 0 (too few quantization groups to split)")
+    even = is_even(shape, world, weights, split_heads)
+    return Plan(
+        strategy="tensor-even" if even else "tensor-uneven",
+        requested=asked,
+        world_size=world,
+        weights=weights,
+        shape=shape,
+        ranks=ranks,
+        split_heads=split_heads,
+        split_experts=shape.is_moe,
+        split_vocab=split_vocab,
+        note="; ".join(notes),
+    )
+
+
+def _spans_or_none(counts: list[int], world: int) -> list[Span]:
+    return spans(counts) if sum(counts) else [(0, 0)] * world
+
+
+def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+    layers = split(shape.num_layers, weights)
+    last = world - 1
+    # A tied head is the embedding matrix, which rank 0 already holds: it applies the head
+    # to the final hidden state the last stage sends back, so nothing is stored twice.
+    head_rank = 0 if shape.tie_word_embeddings else last
+    ranks = [_whole(shape, r, weights[r], layers[r], r == 0, r == head_rank) for r in range(world)]
     return Plan(
         strategy="pipeline",
         requested=asked,
@@ -347,42 +388,27 @@ def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: s
     )
 
 
-def _config_for(model: str) -> dict:
-    path = Path(model)
-    if (path / "config.json").is_file():
-        return json.loads((path / "config.json").read_text())
-    # Not an MLX directory: let the model resolver import or download it.
-    from acquisition.source import resolve_model
-    from config.settings import load_settings
+def fits(
+    model_dir: Path,
+    hosts: list[RankHost],
+    weights: list[float] | None,
+    parallelism: str = "auto",
+    sequences: int = 8,
+    sequence_length: int = 4096,
+) -> FitReport:
+    """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
+    rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
+    `sequence_length` (MAX_SEQUENCE_LENGTH) tokens fit its machine (its memory divided among
+    the ranks on it). Reads config.json and the safetensors headers; loads no weight.
+    Returns the plan and the per-rank figures (`FitReport.describe()`); raises PlanError
+    naming the rank and the shortfall when a rank does not fit (memory.DoesNotFit, which
+    carries the report), or when the split itself is refused."""
+    from distributed.memory import check_fit
 
-    directory = resolve_model(load_settings(model=model))
-    return json.loads((Path(directory) / "config.json").read_text())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print the split plan for a model.")
-    parser.add_argument("--model", required=True, help="MLX model directory (or MODEL value)")
-    parser.add_argument("--world", type=int, required=True, help="number of ranks")
-    parser.add_argument("--weights", default="", help="per-rank weights, e.g. 2,1,1")
-    parser.add_argument("--parallelism", default="auto", choices=["auto", "tensor", "pipeline"])
-    parser.add_argument(
-        "--local", action="store_true", help="every rank on this machine (it may lack cores)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    args = parser.parse_args(argv)
-    hosts = [this_host()] * args.world if args.local else None
-    try:
-        spec = parse_rank_weights(args.weights)
-        if spec == "auto" and hosts is None:
-            raise PlanError("weights 'auto' need the hosts' memory: add --local")
-        weights = resolve_weights(spec, hosts or [])
-        plan = make_plan(_config_for(args.model), args.world, weights, args.parallelism, hosts)
-    except (PlanError, ValueError) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 2
-    print(plan.model_dump_json(indent=2) if args.json else "\n".join(plan.describe()))
-    return 0
+    return check_fit(Path(model_dir), hosts, weights, parallelism, sequences, sequence_length)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m distributed.plan`: the CLI lives in plan_cli.py
+    from distributed.plan_cli import main
+
     raise SystemExit(main())

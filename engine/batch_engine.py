@@ -14,8 +14,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine.batch_caches import left_pad, merged
 from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.prefix_store import PrefixStore
 from engine.step_plan import Insert, StepPlan, batch_fingerprint
@@ -25,7 +27,9 @@ PHASE_DECODE = 1
 
 
 def _cache_arrays(cache: list) -> list[mx.array]:
-    return [a for c in cache for a in (c.keys, c.values) if a is not None]
+    """Every array a sequence's caches hold (keys and values, recurrent state, indexers)."""
+    arrays: list[tuple[str, object]] = tree_flatten([layer.state for layer in cache])  # type: ignore[assignment]
+    return [array for _, array in arrays if isinstance(array, mx.array)]
 
 
 class PlanMismatchError(Exception):
@@ -287,10 +291,8 @@ class BatchEngine:
         width = max(len(e.tokens) for e in group)
         padding = [width - len(e.tokens) for e in group]
         tokens = mx.array([[0] * p + e.tokens for p, e in zip(padding, group, strict=True)])
-        fresh = [make_prompt_cache(self.model) for _ in group]
-        cache = [layers[0].merge(list(layers)) for layers in zip(*fresh, strict=True)]
-        for layer in cache:
-            layer.prepare(left_padding=padding)
+        cache = merged([make_prompt_cache(self.model) for _ in group])
+        left_pad(cache, padding)
         for entry in group:
             entry.position = len(entry.tokens)
         return self._forward(tokens.astype(mx.uint32), cache), cache
@@ -316,7 +318,7 @@ class BatchEngine:
         for entry in entries:
             self.prefilling.remove(entry)
         if cache is None:
-            cache = [layer.merge([layer]) for layer in entries[0].cache]
+            cache = merged([entries[0].cache])
         if self._decode_cache is None:
             self._decode_cache = cache
         else:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 log = logging.getLogger("ring.prefix")
@@ -27,14 +28,26 @@ def plain_kv(caches: Sequence[Any]) -> bool:
     return all(type(cache) is KVCache for cache in caches)
 
 
-def kv_bytes_per_token(model: Callable[..., mx.array]) -> int:
+def kv_bytes_per_token(
+    model: Callable[..., mx.array], group: mx.distributed.Group | None = None
+) -> int:
     """Bytes of KV this rank keeps per cached token, from a one-token forward (every rank
-    must call it together: the forward holds the collectives); 0 when the model's caches
-    are not plain KV caches."""
+    must call it together: the forward holds the collectives); 0 on every rank when any
+    rank's caches are not plain KV caches (a pipeline stage may hold only sliding-window
+    layers while the next holds only full ones: the ranks agree through `group`)."""
     caches = make_prompt_cache(model)
-    if not plain_kv(caches):
-        kinds = sorted({type(cache).__name__ for cache in caches})
-        log.info("prefix cache off: the model's caches are %s, not KVCache", ", ".join(kinds))
+    mine = plain_kv(caches)
+    refusals = 0 if mine else 1
+    if group is not None and group.size() > 1:
+        votes = mx.distributed.all_sum(mx.array([refusals]), group=group)
+        refusals = int(np.array(votes).sum())
+    if refusals:
+        kinds = ", ".join(sorted({type(cache).__name__ for cache in caches}))
+        log.info(
+            "prefix cache off: %d rank(s) keep caches other than KVCache (this rank: %s)",
+            refusals,
+            kinds or "none",
+        )
         return 0
     mx.eval(model(mx.array([[0]], dtype=mx.uint32), cache=caches))
     return sum(keys.nbytes + values.nbytes for keys, values in _layers(caches, 1))

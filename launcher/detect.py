@@ -49,11 +49,21 @@ def free_bytes():
     except Exception:
         return None, None
 
+def rank_memory():  # what a rank there will plan with (distributed.hosts.local_memory_bytes)
+    try:
+        import mlx.core as mx
+        info = mx.device_info()
+        return next((int(info[k]) for k in ("max_recommended_working_set_size", "memory_size")
+                     if info.get(k)), None)
+    except Exception:
+        return None
+
 free, total = free_bytes()
 print(json.dumps({"python": platform.python_version(), "system": platform.system(),
                   "machine": platform.machine(), "mlx": version("mlx"),
                   "mlx_lm": version("mlx-lm"), "free_bytes": free, "total_bytes": total,
-                  "venv": sys.prefix != sys.base_prefix}))
+                  "venv": sys.prefix != sys.base_prefix, "cores": os.cpu_count(),
+                  "rank_memory_bytes": rank_memory()}))
 """
 
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
@@ -69,6 +79,8 @@ class HostFacts(BaseModel):
     free_bytes: int | None
     total_bytes: int | None
     venv: bool
+    cores: int | None = None
+    rank_memory_bytes: int | None = None  # mlx's view (Metal working set), when mlx is there
 
 
 def local_facts() -> HostFacts:

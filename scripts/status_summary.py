@@ -15,13 +15,32 @@ def _span(value: object) -> str:
     return str(value)
 
 
+def _parts(plan: dict) -> str:
+    """What a tensor plan splits, e.g. ' by heads + experts + vocabulary'."""
+    if not str(plan.get("strategy", "")).startswith("tensor"):
+        return ""
+    if plan.get("via_mlx_lm"):
+        return " via mlx-lm's shard()"
+    names = [
+        name
+        for key, name in (
+            ("split_heads", "heads"),
+            ("split_experts", "experts"),
+            ("split_vocab", "vocabulary"),
+        )
+        if plan.get(key)
+    ]
+    return f" by {' + '.join(names)}" if names else ""
+
+
 def summarise(status: dict) -> list[str]:
     """Lines describing the model, the plan and each rank."""
     plan = status.get("plan") or {}
     lines = [
         f"state {status.get('state', '?')}, model {status.get('model_id', '?')}, "
         f"backend {status.get('backend', '?')}, {status.get('world_size', '?')} rank(s), "
-        f"plan {plan.get('strategy', '?')} (PARALLELISM={plan.get('requested', '?')}), "
+        f"plan {plan.get('strategy', '?')}{_parts(plan)} "
+        f"(PARALLELISM={plan.get('requested', '?')}), "
         f"active {status.get('active_requests', 0)}, queued {status.get('queued_requests', 0)}"
     ]
     hosts = {r.get("rank"): r for r in status.get("ranks") or []}
@@ -31,8 +50,8 @@ def summarise(status: dict) -> list[str]:
         if rank in hosts:
             parts.append(f"on {hosts[rank].get('host', '?')}")
         parts.append(f"weight {share.get('weight', '?')}")
-        for key in ("kv_heads", "q_heads", "mlp_columns", "layers"):
-            if key in share:
+        for key in ("kv_heads", "q_heads", "mlp_columns", "experts", "vocab", "layers"):
+            if key in share and share[key] not in ([0, 0], (0, 0)):
                 parts.append(f"{key} {_span(share[key])}")
         memory = hosts.get(rank, {}).get("memory_bytes")
         if memory:

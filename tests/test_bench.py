@@ -28,6 +28,7 @@ from bench.loadgen import (
     summarize,
     table,
 )
+from bench.moe_model import make_moe_model, peer_cannot_split
 from bench.report import ratio_rows
 from bench.servers import Peer
 from tests.support.tiny_models import write_tiny_model
@@ -192,6 +193,25 @@ def test_even_variant(tiny_model: Path, tmp_path: Path) -> None:
     model, _ = load(str(out))
     logits = model(mx.array([[1, 2, 3]]))
     assert logits.shape[-1] == config["vocab_size"]
+
+
+def test_moe_model_loads_splits_by_expert_and_names_where_the_peer_cannot(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from mlx_lm import load
+
+    from distributed.plan import make_plan
+
+    small = {"hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16, "moe_intermediate_size": 32}
+    out = make_moe_model(tiny_model, tmp_path / "moe", shape=small)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe" and config["vocab_size"] == 259
+    model, tokenizer = load(str(out))
+    assert model(mx.array([tokenizer.encode("hi")])).shape[-1] == 259
+    plan = make_plan(config, 3, None, "tensor")
+    assert plan.split_experts and [r.experts for r in plan.ranks][0] == (0, 6)
+    assert peer_cannot_split(config, 2) is None
+    assert "num_attention_heads=8 does not divide by 3" in str(peer_cannot_split(config, 3))
 
 
 def test_loadgen_against_mlx_lm_server(tiny_model: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from config.settings import PROJECT_DIR, Settings
+from tests.support.tiny_families import write_family_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -122,7 +123,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
 def test_help_and_unknown_command(project: Project) -> None:
     done = project.launch("help")
     assert done.returncode == 0
-    for command in ("start", "stop", "restart", "status", "test", "logs", "detect"):
+    for command in ("start", "stop", "restart", "status", "test", "logs", "detect", "plan"):
         assert re.search(rf"^  {command} ", done.stdout, re.MULTILINE), command
     done = project.launch("frobnicate")
     assert done.returncode == 2
@@ -141,6 +142,21 @@ def test_bad_env_value_fails_at_once_with_one_line(project: Project) -> None:
     assert time.monotonic() - started < 20
     assert not (project.root / "run" / "ranks.pid").exists()
     assert not _ours(project.root)
+
+
+def test_plan_shows_the_split_and_memory_and_refuses_a_rank_that_does_not_fit(
+    project: Project, tmp_path: Path
+) -> None:
+    moe = write_family_model(tmp_path / "qwen3_moe", "qwen3_moe")
+    done = project.launch("plan", env={"MODEL": str(moe), "NUM_DEVICES": "2"})
+    assert done.returncode == 0, done.stderr
+    assert "plan tensor-even by heads + mlp columns + experts + vocabulary" in done.stdout
+    assert re.search(r"rank 1 on .*: weights .* \+ KV .* fits", done.stdout), done.stdout
+    short = {"MODEL": str(moe), "MAX_SEQUENCE_LENGTH": "1000000000", "MAX_BATCH_SIZE": "256"}
+    done = project.launch("plan", env=short)
+    assert done.returncode == 2
+    assert re.search(r"refused: rank 0 on .* short by", done.stderr), done.stderr
+    assert not (project.root / "run" / "ranks.pid").exists()  # nothing was started
 
 
 def test_stop_with_nothing_running_succeeds(project: Project) -> None:

@@ -9,10 +9,11 @@ For each case, rank 0 writes OUT_DIR/<name>.npz with:
   prompt_logits  last-position logits of the prompt (KVCache prefill)
   tokens         `steps` greedy tokens after it, and step_logits their logits
   padded_logits  last-position logits of the prompt and its first half, left-padded,
-                 through BatchKVCache
+                 through batch caches (BatchKVCache, BatchRotatingKVCache for windows)
   batch_logits   `batch_steps` greedy decode steps of the sequences prefilled one by one
-                 with KVCache and merged into a BatchKVCache (as the engine does)
-Every rank writes OUT_DIR/<name>.rank<r>.json with its plan line and weight bytes.
+                 and merged into batch caches (as the engine does)
+Every rank writes OUT_DIR/<name>.rank<r>.json with its plan line, its weight bytes (held
+and predicted from the headers) and its KV bytes per token (measured and predicted).
 A single process (world 1) ignores the cases' parallelism and weights: it is the reference.
 """
 
@@ -26,14 +27,17 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT))
 
 from distributed.hosts import gather_hosts  # noqa: E402
 from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
+from distributed.memory import activation_bytes, kv_bytes, predict_weight_bytes  # noqa: E402
 from distributed.plan import make_plan  # noqa: E402
+from engine.batch_caches import left_pad, merged  # noqa: E402
+from engine.prefix_store import kv_bytes_per_token  # noqa: E402
 
 
 def _last(model, tokens: mx.array, cache) -> mx.array:
@@ -62,13 +66,20 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     started = time.perf_counter()
     model = load_rank_model(model_dir, group, plan)
     loaded = time.perf_counter()
+    rank = group.rank()
     info = {
         "plan": plan.describe(),
         "strategy": plan.strategy,
+        "split_heads": plan.split_heads,
         "weight_bytes": weight_bytes(model),
+        "predicted_weight_bytes": predict_weight_bytes(model_dir, plan, [rank])[0],
         "active_bytes": mx.get_active_memory(),
         "peak_load_bytes": mx.get_peak_memory(),
         "memory_gib": [host.memory_bytes / 2**30 for host in gather_hosts(group)],
+        "kv_bytes_per_token": kv_bytes_per_token(model, group),
+        "predicted_kv_bytes_per_token": kv_bytes(plan, activation_bytes(model_dir, config))[rank][
+            0
+        ],
     }
 
     prompt_ids = case.get("prompt", spec["prompt"])
@@ -86,7 +97,8 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     longest = max(len(s) for s in sequences)
     padding = [longest - len(s) for s in sequences]
     padded = mx.array([[0] * p + s for p, s in zip(padding, sequences, strict=True)])
-    batch_cache = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
+    batch_cache = merged([make_prompt_cache(model) for _ in sequences])
+    left_pad(batch_cache, padding)
     padded_logits = _last(model, padded, batch_cache)
 
     # Several forward calls, one eval at the end: the engine's step does the same.
@@ -97,11 +109,11 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     ]
     logits = mx.concatenate(rows, axis=0).astype(mx.float32)
     mx.eval(logits, [c.state for seq_cache in singles for c in seq_cache])
-    merged = [KVCache.merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+    batch = merged(singles)
     batch_logits = []
     for _ in range(spec["batch_steps"]):
         token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
-        logits = _last(model, token[:, None], merged)
+        logits = _last(model, token[:, None], batch)
         batch_logits.append(logits)
 
     info["load_s"] = round(loaded - started, 2)

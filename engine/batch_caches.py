@@ -1,0 +1,37 @@
+"""Turning per-sequence mlx-lm caches into batch caches, for every cache kind a family uses.
+
+KVCache merges into BatchKVCache, RotatingKVCache (sliding windows) into
+BatchRotatingKVCache, ArraysCache (recurrent state of linear attention) and CacheList
+(an attention cache beside an indexer's) into themselves. Left padding is set through
+`prepare` where the kind has it; ArraysCache's `prepare` takes lengths only, so its
+padding is set directly (its mask reads `left_padding`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList
+
+
+def merged(per_sequence: Sequence[Sequence[Any]]) -> list[Any]:
+    """Per layer, the sequences' caches merged into one batch cache."""
+    return [type(layer[0]).merge(list(layer)) for layer in zip(*per_sequence, strict=True)]
+
+
+def left_pad(layers: Sequence[Any], padding: list[int]) -> None:
+    """Mark the first `padding[i]` positions of row i as padding in every layer's cache."""
+    for layer in layers:
+        _pad(layer, padding)
+
+
+def _pad(layer: Any, padding: list[int]) -> None:
+    if isinstance(layer, ArraysCache):
+        layer.left_padding = mx.array(padding)
+    elif isinstance(layer, CacheList):
+        for part in layer.caches:
+            _pad(part, padding)
+    else:
+        layer.prepare(left_padding=padding)
