@@ -221,7 +221,11 @@ class BatchEngine:
         # (entries, logits of their last positions, their batch cache or None)
         finished: list[tuple[list[_Prefill], mx.array, list | None]] = []
         stored: list[mx.array] = []  # prompts kept as prefix entries this step
-        group = self._fresh_group(budget)
+        # A burst of short prompts arriving while no answer runs prefills in one batched
+        # forward, whatever its total (8 clients at once each waited for its share of
+        # three steps before); with answers running, the chunk budget keeps their next
+        # tokens from waiting long.
+        group = self._fresh_group(budget if self._decode_cache is not None else None)
         if len(group) > 1:
             logits, cache = self._prefill_together(group)
             finished.append((group, logits, cache))
@@ -272,15 +276,16 @@ class BatchEngine:
                 mx.async_eval(sampled.arrays())
         return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays)
 
-    def _fresh_group(self, budget: int) -> list[_Prefill]:
-        """Leading unstarted prompts that fit the budget together (left-padded)."""
+    def _fresh_group(self, budget: int | None) -> list[_Prefill]:
+        """Leading unstarted short prompts (at most one chunk each) that fit `budget`
+        together, left-padded (None: no limit on their total)."""
         group: list[_Prefill] = []
         width = 0
         for entry in self.prefilling:
-            if entry.position or entry.prefix_len:
+            if entry.position or entry.prefix_len or len(entry.tokens) > self.prefill_chunk_size:
                 break
             wider = max(width, len(entry.tokens))
-            if (len(group) + 1) * wider > budget:
+            if budget is not None and (len(group) + 1) * wider > budget:
                 break
             group.append(entry)
             width = wider
