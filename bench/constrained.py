@@ -3,11 +3,12 @@
     .venv/bin/python -m bench.constrained                      # the default model's tokenizer
     .venv/bin/python -m bench.constrained --tokenizer DIR --n-vocab 151936   # e.g. Qwen's 152k
 
-Runs rank 0's own code path (engine.constraints, engine.sampler) on random logits at
-temperature 1, B sequences in lock-step, and times per sampled token: the grammar (mask +
-advance), applying the mask to the logits row, and sampling; against sampling the same
-rows unconstrained. A sequence whose grammar completes starts again with a fresh
-constraint (its compile time is reported apart), so the batch stays full. No model runs:
+Runs rank 0's own code path (engine.constraints, engine.sampler, the batched MLX sampler)
+on random logits at temperature 1, B sequences in lock-step, and times per sampled token:
+the grammar (mask + advance), and sampling the batch with the masks applied, against
+sampling the same rows unconstrained (the difference: applying the masks). A sequence
+whose grammar completes starts again with a fresh constraint (its compile time is
+reported apart), so the batch stays full. No model runs:
 the figures are what constraints add to a decode step.
 """
 
@@ -21,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_tokenizer
 
-from engine.constraints import GrammarTokens, apply_mask, tool_call_schema
+from engine.batch_sampler import sample
+from engine.constraints import GrammarTokens, tool_call_schema
 from engine.sampler import RequestSampler
 from ipc.protocol import SamplingParams, ToolChoice, ToolSpec
 
@@ -80,54 +83,59 @@ def default_tokenizer_dir() -> Path:
 def measure(grammar: GrammarTokens, schema: Any, eos: set[int], batch: int, steps: int) -> dict:
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=steps, temperature=1.0, seed=1)
-    samplers = [RequestSampler(params, []) for _ in range(batch)]
     compile_ms: list[float] = []
 
-    def fresh():
+    def fresh() -> RequestSampler:
         started = time.perf_counter()
         constraint = grammar.constraint(schema, "bench")
         compile_ms.append((time.perf_counter() - started) * 1000)
-        return constraint
+        return RequestSampler(params, [], constraint)
 
-    constraints = [fresh() for _ in range(batch)]
-    grammar_ms, apply_ms, sample_ms, free_ms, step_grammar = [], [], [], [], []
+    constrained = [fresh() for _ in range(batch)]
+    free = [RequestSampler(params, []) for _ in range(batch)]
+    mask_ms, sample_ms, free_ms, consume_ms, step_added = [], [], [], [], []
     for _ in range(steps):
-        rows = rng.normal(size=(batch, grammar.n_vocab)).astype(np.float32) * 3
-        free_rows = rows.copy()
-        step = 0.0
-        for i in range(batch):
-            t0 = time.perf_counter()
-            bits = constraints[i].mask()
-            t1 = time.perf_counter()
-            apply_mask(rows[i], bits)
-            t2 = time.perf_counter()
-            token = samplers[i].sample(rows[i]).token
-            t3 = time.perf_counter()
-            constraints[i].consume(token)
-            t4 = time.perf_counter()
-            samplers[i].sample(free_rows[i])
-            t5 = time.perf_counter()
-            grammar_ms.append(((t1 - t0) + (t4 - t3)) * 1000)
-            apply_ms.append((t2 - t1) * 1000)
-            sample_ms.append((t3 - t2) * 1000)
-            free_ms.append((t5 - t4) * 1000)
-            step += grammar_ms[-1] + apply_ms[-1]
-            if token in eos or constraints[i].finished:
-                constraints[i] = fresh()
-        step_grammar.append(step)
+        logits = mx.array(rng.normal(size=(batch, grammar.n_vocab)).astype(np.float32) * 3)
+        mx.eval(logits)
+        t0 = time.perf_counter()
+        rows = [s.row() for s in constrained]  # computes each grammar's mask
+        t1 = time.perf_counter()
+        drawn = sample(logits, rows)
+        mx.eval(drawn.arrays())
+        tokens = [token for token, _, _ in drawn.rows()]
+        t2 = time.perf_counter()
+        for s, token in zip(constrained, tokens, strict=True):
+            s.record(token)  # advances the grammar
+        t3 = time.perf_counter()
+        unconstrained = sample(logits, [s.row() for s in free])
+        mx.eval(unconstrained.arrays())
+        for s, (token, _, _) in zip(free, unconstrained.rows(), strict=True):
+            s.record(token)
+        t4 = time.perf_counter()
+        mask_ms.append((t1 - t0) * 1000 / batch)
+        sample_ms.append((t2 - t1) * 1000 / batch)
+        consume_ms.append((t3 - t2) * 1000 / batch)
+        free_ms.append((t4 - t3) * 1000 / batch)
+        step_added.append((t3 - t0) * 1000 - (t4 - t3) * 1000)
+        for i, (s, token) in enumerate(zip(constrained, tokens, strict=True)):
+            assert s.constraint is not None
+            if token in eos or s.constraint.finished:
+                constrained[i] = fresh()
 
     def mean(values: list[float]) -> float:
         return round(statistics.fmean(values), 4)
 
+    grammar_ms = [m + c for m, c in zip(mask_ms, consume_ms, strict=True)]
+    added = [g + s - f for g, s, f in zip(grammar_ms, sample_ms, free_ms, strict=True)]
     return {
         "batch": batch,
-        "tokens": len(grammar_ms),
+        "tokens": steps * batch,
         "grammar_ms_per_token": mean(grammar_ms),
-        "apply_ms_per_token": mean(apply_ms),
-        "added_ms_per_token": mean([g + a for g, a in zip(grammar_ms, apply_ms, strict=True)]),
+        "apply_ms_per_token": mean([s - f for s, f in zip(sample_ms, free_ms, strict=True)]),
+        "added_ms_per_token": mean(added),
         "sample_constrained_ms_per_token": mean(sample_ms),
         "sample_free_ms_per_token": mean(free_ms),
-        "added_ms_per_step_p99": round(float(np.percentile(step_grammar, 99)), 3),
+        "added_ms_per_step_p99": round(float(np.percentile(step_added, 99)), 3),
         "compile_ms_median": round(statistics.median(compile_ms), 3),
         "documents": len(compile_ms),
     }

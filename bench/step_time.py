@@ -21,8 +21,8 @@ from launcher.local_cluster import Cluster
 
 STEP = re.compile(
     r"step (\d+): decode (\d+), prefill (\d+) tokens; total ([\d.]+) ms = plan\+broadcast "
-    r"([\d.]+) \(all_sum ([\d.]+)\) \+ forward ([\d.]+) \(all_sum ([\d.]+) in (\d+)\) "
-    r"\+ sample/stream ([\d.]+)"
+    r"([\d.]+) \(all_sum ([\d.]+)\) \+ build ([\d.]+) \+ stream ([\d.]+) \+ wait ([\d.]+) "
+    r"\(all_sum ([\d.]+) in (\d+)\) \+ take ([\d.]+)"
 )
 WOKE = re.compile(r"woke the workers at ([\d.]+)")
 WOKEN = re.compile(r"(r\d+) DEBUG woken at ([\d.]+)")
@@ -85,10 +85,12 @@ def main() -> None:
                 "step_ms": median(4),
                 "plan_broadcast_ms": median(5),
                 "broadcast_all_sum_ms": median(6),
-                "forward_ms": median(7),
-                "forward_all_sum_ms": median(8),
-                "forward_all_sums": int(median(9)),
-                "sample_stream_ms": median(10),
+                "graph_build_ms": median(7),  # forward and sampling ops, Python
+                "stream_ms": median(8),  # the last step's text, overlapping the compute
+                "wait_ms": median(9),  # the rest of the compute after that
+                "forward_all_sum_ms": median(10),
+                "forward_all_sums": int(median(11)),
+                "take_ms": median(12),  # the sampled tokens to Python, EOS and limits
             }
         log = cluster.log_path.read_text()
     woke = sorted(float(m[1]) for m in WOKE.finditer(log))

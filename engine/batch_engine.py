@@ -9,7 +9,7 @@ a prefix-cache entry (engine/prefix_store.py) and prefill only the rest of its p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine.batch_caches import left_pad, merged
+from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.prefix_store import PrefixStore
 from engine.step_plan import Insert, StepPlan, batch_fingerprint
 
@@ -53,17 +54,46 @@ class _Prefill:
         return self.prefix_len + self.position
 
 
+# Rank 0's sampling of a step: how to sample each row, given the rows' sequence ids.
+Sampling = Callable[[list[int]], Sequence[RowSampling]]
+
+
 @dataclass
 class StepResult:
-    """Logits of every sequence that produced a next-token distribution this step.
+    """Every sequence that produced a next-token distribution this step: its logits, and
+    on rank 0 (which samples inside the step) its sampled token.
 
-    `seq_ids[i]` owns row i of `logits`: first the decode batch, then sequences whose
-    prompt finished prefilling this step (they join the decode batch in that order).
+    `seq_ids[i]` owns row i: first the decode batch, then sequences whose prompt finished
+    prefilling this step (they join the decode batch in that order).
     """
 
     seq_ids: list[int]
     logits: mx.array | None
     prefill_tokens: int = 0
+    sampled: Sampled | None = None
+
+
+@dataclass(eq=False)
+class PendingStep:
+    """A step whose graph is built and computing; `wait()` finishes it."""
+
+    engine: BatchEngine
+    seq_ids: list[int]
+    logits: mx.array | None
+    sampled: Sampled | None
+    prefill_tokens: int
+    finished: list[tuple[list[_Prefill], mx.array, list | None]]
+    arrays: list[mx.array]
+
+    def wait(self) -> StepResult:
+        """Wait for the step (under the collective watchdog); the prefilled join the batch."""
+        engine = self.engine
+        if self.arrays:
+            engine._eval(self.arrays)
+        for entries, _, batch_cache in self.finished:
+            engine._join(entries, batch_cache)
+        engine.step_index += 1
+        return StepResult(self.seq_ids, self.logits, self.prefill_tokens, self.sampled)
 
 
 class BatchEngine:
@@ -173,8 +203,13 @@ class BatchEngine:
     def _forward(self, tokens: mx.array, cache: list) -> mx.array:
         return self.model(tokens, cache=cache)[:, -1, :]
 
-    def run(self) -> StepResult:
+    def run(self, sampling: Sampling | None = None) -> StepResult:
         """Decode one token for the batch and prefill up to the chunk budget; eval all."""
+        return self.start(sampling).wait()
+
+    def start(self, sampling: Sampling | None = None) -> PendingStep:
+        """Build the step's graph (decode, prefill chunks, and with `sampling` the sampled
+        tokens) and start computing it; the caller may work meanwhile, then `wait()`."""
         rows: list[mx.array] = []
         seq_ids = list(self.decode_ids)
         if self._decode_cache is not None:
@@ -186,7 +221,11 @@ class BatchEngine:
         # (entries, logits of their last positions, their batch cache or None)
         finished: list[tuple[list[_Prefill], mx.array, list | None]] = []
         stored: list[mx.array] = []  # prompts kept as prefix entries this step
-        group = self._fresh_group(budget)
+        # A burst of short prompts arriving while no answer runs prefills in one batched
+        # forward, whatever its total (8 clients at once each waited for its share of
+        # three steps before); with answers running, the chunk budget keeps their next
+        # tokens from waiting long.
+        group = self._fresh_group(budget if self._decode_cache is not None else None)
         if len(group) > 1:
             logits, cache = self._prefill_together(group)
             finished.append((group, logits, cache))
@@ -221,22 +260,32 @@ class BatchEngine:
         if len(group) > 1:
             stored += self._store_group(group, finished[0][2])
         output = mx.concatenate(rows, axis=0) if rows else None
+        sampled = None
+        arrays: list[mx.array] = []
         if output is not None:
-            self._eval([output, *pending, *stored])
-        for entries, _, batch_cache in finished:
-            self._join(entries, batch_cache)
-        self.step_index += 1
-        return StepResult(seq_ids, output, prefill_tokens)
+            # Every rank must run the step's collectives in one order, and MLX orders an
+            # evaluation by the arrays it is given: so every rank starts the same list
+            # first, and rank 0 adds its sampling (no collectives) after it. (Given one
+            # list with the sampled tokens first, rank 0 ran independent prefills in
+            # another order than rank 1 and their all_sums paired up wrongly.)
+            arrays = [output, *pending, *stored]
+            mx.async_eval(arrays)
+            if sampling is not None:
+                sampled = sample(output, sampling(seq_ids))
+                arrays += sampled.arrays()
+                mx.async_eval(sampled.arrays())
+        return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays)
 
-    def _fresh_group(self, budget: int) -> list[_Prefill]:
-        """Leading unstarted prompts that fit the budget together (left-padded)."""
+    def _fresh_group(self, budget: int | None) -> list[_Prefill]:
+        """Leading unstarted short prompts (at most one chunk each) that fit `budget`
+        together, left-padded (None: no limit on their total)."""
         group: list[_Prefill] = []
         width = 0
         for entry in self.prefilling:
-            if entry.position or entry.prefix_len:
+            if entry.position or entry.prefix_len or len(entry.tokens) > self.prefill_chunk_size:
                 break
             wider = max(width, len(entry.tokens))
-            if (len(group) + 1) * wider > budget:
+            if budget is not None and (len(group) + 1) * wider > budget:
                 break
             group.append(entry)
             width = wider

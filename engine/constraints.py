@@ -5,10 +5,8 @@
 compiles a JSON schema (1-4 ms) into a `TokenConstraint`, or raises `UnsupportedSchema`
 naming the feature llguidance cannot enforce (the API answers 400). Each step the
 constraint gives the allowed tokens as packed bits (token t is bit t % 32 of int32 word
-t // 32), `apply_mask` sets every other logit to -inf before sampling, and `consume`
-advances the grammar with the sampled token. The interface is per request and the mask is
-plain bits, so moving sampling into MLX (applying the same words to an mx array) changes
-only `apply_mask`.
+t // 32), the batched sampler (engine/batch_sampler.py) sets every other logit to -inf
+inside the step's graph, and `consume` advances the grammar with the sampled token.
 
 JSON is compact (", " and ": " between items, no other whitespace): with free
 whitespace a weak model can pad forever. Strings without maxLength still need not end;
@@ -92,12 +90,6 @@ def tool_call_schema(tools: list[ToolSpec], choice: ToolChoice) -> dict[str, Any
         for tool in chosen
     ]
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
-
-
-def apply_mask(row: np.ndarray, bits: np.ndarray) -> None:
-    """In place: every logit of `row` whose token is not allowed by `bits` becomes -inf."""
-    allowed = np.unpackbits(bits.view(np.uint8), count=row.shape[-1], bitorder="little")
-    np.putmask(row, allowed == 0, -np.inf)
 
 
 class TokenConstraint:

@@ -144,6 +144,11 @@ class Leader:
                 log.info("shutdown requested; stopping every rank")
             self.state = RankState.STOPPING
 
+    def _stream(self) -> None:
+        """Turn the tokens taken so far into messages and send them."""
+        self.scheduler.stream_pending()
+        self._flush()
+
     def _flush(self) -> None:
         if self.scheduler.outbox:
             self.socket.send(self.scheduler.outbox)
@@ -172,6 +177,7 @@ class Leader:
         scheduler, engine, events = self.scheduler, self.engine, self.events
         while True:
             if not scheduler.has_work(engine) and self.state != RankState.STOPPING:
+                self._stream()  # the last tokens taken, before waiting for work
                 if not self.sleeping:
                     self._send(scheduler.idle_plan(engine))
                     engine.advance_idle()
@@ -189,6 +195,7 @@ class Leader:
                 except queue.Empty:
                     break
             if self.state == RankState.STOPPING:
+                scheduler.stream_pending()
                 scheduler.cancel_all()
                 self._flush()
                 self._send(scheduler.idle_plan(engine, stop=True))
@@ -207,9 +214,14 @@ class Leader:
         self._send(plan)
         if plan.sleep:
             engine.advance_idle()
+            self._stream()
             return
         planned = time.perf_counter()
-        result = engine.run()
+        step = engine.start(scheduler.sampling_rows)
+        launched = time.perf_counter()
+        self._stream()  # the previous step's text, while this step computes
+        streamed = time.perf_counter()
+        result = step.wait()
         computed = time.perf_counter()
         self.last_work = time.monotonic()
         scheduler.on_result(result)
@@ -222,7 +234,7 @@ class Leader:
         self.last_step_ms = (done - started) * 1000
         if log.isEnabledFor(logging.DEBUG):
             after = (self.broadcaster.collective_seconds, self._forward_collectives())
-            times = (started, planned, computed, done)
+            times = (started, planned, launched, streamed, computed, done)
             self._log_step(plan, result.prefill_tokens, times, before, after)
 
     def _keep_warm_wait(self) -> float | None:
@@ -241,21 +253,24 @@ class Leader:
         self,
         plan: StepPlan,
         prefill: int,
-        times: tuple[float, float, float, float],
+        times: tuple[float, ...],
         before: tuple[float, tuple[float, int]],
         after: tuple[float, tuple[float, int]],
     ) -> None:
-        started, planned, computed, done = times
+        started, planned, launched, streamed, computed, done = times
         log.debug(
             "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
-            "%.2f (all_sum %.2f) + forward %.2f (all_sum %.2f in %d) + sample/stream %.2f",
+            "%.2f (all_sum %.2f) + build %.2f + stream %.2f + wait %.2f (all_sum %.2f in %d) "
+            "+ take %.2f",
             plan.step,
             len(plan.tokens),
             prefill,
             (done - started) * 1000,
             (planned - started) * 1000,
             (after[0] - before[0]) * 1000,
-            (computed - planned) * 1000,
+            (launched - planned) * 1000,
+            (streamed - launched) * 1000,
+            (computed - streamed) * 1000,
             (after[1][0] - before[1][0]) * 1000,
             after[1][1] - before[1][1],
             (done - computed) * 1000,

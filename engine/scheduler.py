@@ -1,10 +1,10 @@
-"""Rank 0's scheduler: request queue, admission, step plans, sampling results -> messages.
+"""Rank 0's scheduler: request queue, admission, step plans, sampled tokens -> messages.
 
-Only rank 0 runs this. It turns socket events into step plans and the logits of each
-step into Delta/Done messages, enforcing EOS, max_tokens, stop strings, grammar
-constraints and the prompt-length limit (a refused prompt is answered here and never
-broadcast). Constraints change only which token rank 0 samples, never what any rank
-computes.
+Only rank 0 runs this. It turns socket events into step plans, tells the engine how to
+sample each row, and turns the sampled tokens into Delta/Done messages (engine/request.py),
+enforcing EOS, max_tokens, stop strings, grammar constraints and the prompt-length limit
+(a refused prompt is answered here and never broadcast). Constraints change only which
+token rank 0 samples, never what any rank computes.
 """
 
 from __future__ import annotations
@@ -13,32 +13,26 @@ import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
-
-from engine.answer import AnswerStream, Piece
+from engine.answer import AnswerStream
 from engine.batch_engine import BatchEngine, StepResult
-from engine.constraints import GrammarTokens, TokenConstraint, apply_mask
-from engine.detokenize import token_bytes
+from engine.batch_sampler import RowSampling
+from engine.constraints import GrammarTokens
 from engine.prefix_cache import PlanOps, PrefixCache
+from engine.request import Ending, Request
 from engine.request_setup import Refusal, RequestSetup, SetupResult
 from engine.sampler import RequestSampler, Sample
 from engine.sampling_defaults import SamplingDefaults
 from engine.step_plan import StepPlan
 from ipc.protocol import (
-    Delta,
     Done,
     Error,
-    PromptTokensDetails,
+    FinishReason,
     SamplingParams,
     Started,
     Submit,
     Timings,
-    TokenLogprob,
-    TopLogprob,
     Usage,
 )
 
@@ -46,31 +40,6 @@ log = logging.getLogger("ring.scheduler")
 KEEP_WARM_CONN = -1  # rank 0's own keep-warm requests: no connection, nothing is sent
 
 Outbox = list[tuple[Any, Any]]  # (connection key, message)
-
-
-@dataclass
-class Request:
-    """One request's state on rank 0."""
-
-    conn: Any
-    id: str
-    seq_id: int
-    prompt: list[int]
-    submit: Submit
-    sampler: RequestSampler
-    answer: AnswerStream
-    constraint: TokenConstraint | None
-    arrived: float
-    generated: list[int] = field(default_factory=list)
-    first_token_at: float | None = None
-    prefix_len: int = 0  # prompt tokens taken from the prefix cache
-    unsent_ids: list[int] = field(default_factory=list)
-    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
-    finished: str | None = None
-
-    @property
-    def max_tokens(self) -> int:
-        return self.submit.params.max_tokens
 
 
 class Scheduler:
@@ -102,6 +71,8 @@ class Scheduler:
         self.next_token: dict[int, int] = {}
         self._seq_ids = itertools.count(1)
         self.outbox: Outbox = []
+        # tokens taken but not streamed yet: (request, its sample, the end it made)
+        self.streaming: list[tuple[Request, Sample, Ending | None]] = []
 
     # ---- events from the socket ------------------------------------------------------
 
@@ -144,7 +115,7 @@ class Scheduler:
             seq_id=next(self._seq_ids),
             prompt=setup.prompt,
             submit=submit.model_copy(update={"params": params}),
-            sampler=RequestSampler(params, setup.prompt),
+            sampler=RequestSampler(params, setup.prompt, setup.constraint),
             answer=AnswerStream(self.tokenizer, params.stop, setup.shape),
             constraint=setup.constraint,
             arrived=time.monotonic(),
@@ -194,7 +165,7 @@ class Scheduler:
         for key in [k for k in self.by_key if k[0] == conn]:
             self.cancel(conn, key[1], notify=False)
 
-    def cancel_all(self, reason: str = "cancelled") -> None:
+    def cancel_all(self, reason: FinishReason = "cancelled") -> None:
         for request in list(self.by_key.values()):
             if request in self.queue:
                 self.queue.remove(request)
@@ -255,135 +226,106 @@ class Scheduler:
             stop=stop,
         )
 
-    # ---- results -----------------------------------------------------------------
+    # ---- sampling and results ---------------------------------------------------
+
+    def sampling_rows(self, seq_ids: list[int]) -> list[RowSampling]:
+        """How to sample each row of a step (the engine asks while it builds the step)."""
+        rows = []
+        for seq_id in seq_ids:
+            request = self.active.get(seq_id)
+            row = RowSampling()  # any token will do: the sequence leaves next step
+            if request is not None and not request.finished:
+                try:
+                    row = request.sampler.row()
+                except Exception as exc:  # one request's trouble must never stop the loop
+                    self._fail(request, exc)
+            rows.append(row)
+        return rows
 
     def on_result(self, result: StepResult) -> None:
-        """Sample every row, stream deltas, finish requests that are done."""
-        if result.logits is None:
+        """Take every row's sampled token: record it and end the requests whose end needs
+        no text; their text is streamed by `stream_pending`, while the next step runs."""
+        if result.sampled is None:
             return
-        rows = np.array(result.logits.astype(mx.float32))
         now = time.monotonic()
-        for row, seq_id in zip(rows, result.seq_ids, strict=True):
+        for seq_id, (token, logprob, top) in zip(
+            result.seq_ids, result.sampled.rows(), strict=True
+        ):
             request = self.active.get(seq_id)
+            self.next_token[seq_id] = token
             if request is None or request.finished:
-                self.next_token[seq_id] = 0  # removed next step; any token will do
+                continue  # removed next step
+            params = request.submit.params
+            sample = Sample(token, logprob if params.logprobs else None, top[: params.top_logprobs])
+            if request.first_token_at is None:
+                request.first_token_at = now
+                self.prefix.prefilled(seq_id)
+            try:
+                ending = request.take(token, self.eos_ids)
+            except Exception as exc:
+                self._fail(request, exc)
+                continue
+            self.streaming.append((request, sample, ending))
+            if ending is not None:
+                self._leave(request, "length" if ending == "length" else "stop")
+
+    def stream_pending(self) -> None:
+        """Text, reasoning and tool calls of the tokens taken so far, as messages."""
+        items, self.streaming = self.streaming, []
+        for request, sample, ending in items:
+            if request.ended:
                 continue
             try:
-                if request.constraint is not None:
-                    apply_mask(row, request.constraint.mask())
-                self._accept(request, request.sampler.sample(row), now)
-            except Exception as exc:  # one request's trouble must never stop the loop
-                log.error("request %s failed while sampling or decoding: %r", request.id, exc)
-                message = f"generation failed for this request: {exc}"
-                self.outbox.append(
-                    (request.conn, Error(id=request.id, code="internal", message=message))
-                )
-                self.next_token[seq_id] = 0
-                if not request.finished:
-                    self._finish(request, "stop", notify=False)
+                messages, stopped = request.stream(sample, ending, self.tokenizer)
+            except Exception as exc:
+                self._fail(request, exc)
+                continue
+            if stopped and not request.finished:
+                self._leave(request, "stop")
+            self.outbox += [(request.conn, message) for message in messages]
+            for message in messages:
+                if isinstance(message, Done):
+                    self._log_end(request, message, notified=True)
 
-    def _accept(self, request: Request, sample: Sample, now: float) -> None:
-        if request.first_token_at is None:
-            request.first_token_at = now
-            self.prefix.prefilled(request.seq_id)
-        token = sample.token
-        request.generated.append(token)
-        self.next_token[request.seq_id] = token
-        request.unsent_ids.append(token)
-        if sample.logprob is not None:
-            request.unsent_logprobs.append(self._logprob(token, sample))
-        if request.constraint is not None:
-            request.constraint.consume(token)
-        if token in self.eos_ids:
-            self._emit(request, request.answer.finish(complete=True), final=True)
-            self._finish(request, "stop", completed=True)
-            return
-        piece, hit = request.answer.push(token)
-        grammar_done = request.constraint is not None and request.constraint.finished
-        if hit or grammar_done:
-            self._emit(request, piece.add(request.answer.finish(complete=True)), final=True)
-            self._finish(request, "stop", completed=True)
-        elif len(request.generated) >= request.max_tokens:
-            self._emit(request, piece.add(request.answer.finish(complete=False)), final=True)
-            self._finish(request, "length", completed=True)
-        else:
-            self._emit(request, piece, final=False)
-
-    def _logprob(self, token: int, sample: Sample) -> TokenLogprob:
-        def piece(t: int) -> tuple[str, list[int]]:
-            return self.tokenizer.decode([t]), list(token_bytes(self.tokenizer, t))
-
-        text, raw = piece(token)
-        top = []
-        for t, lp in sample.top:
-            top_text, top_raw = piece(t)
-            top.append(TopLogprob(token=top_text, logprob=lp, bytes=top_raw))
-        return TokenLogprob(token=text, logprob=sample.logprob, bytes=raw, top_logprobs=top)
-
-    def _emit(self, request: Request, piece: Piece, final: bool) -> None:
-        if not (piece or request.unsent_logprobs or (final and request.unsent_ids)):
-            return
-        delta = Delta(
-            id=request.id,
-            text=piece.text,
-            reasoning=piece.reasoning,
-            tool_calls=piece.tool_calls,
-            token_ids=request.unsent_ids,
-            logprobs=request.unsent_logprobs or None,
-        )
-        request.unsent_ids, request.unsent_logprobs = [], []
-        self.outbox.append((request.conn, delta))
-
-    def _finish(
-        self, request: Request, reason: str, notify: bool = True, completed: bool = False
-    ) -> None:
-        """End a request; a `completed` one's prompt and answer go to the prefix cache."""
-        if reason == "stop" and request.answer.calls:
-            reason = "tool_calls"
+    def _leave(self, request: Request, reason: str) -> None:
+        """Take a completed request out of the batch (its Done follows when streamed);
+        its prompt and answer go to the prefix cache."""
         request.finished = reason
         self.by_key.pop((request.conn, request.id), None)
         if request.seq_id in self.active:
             del self.active[request.seq_id]
             self.to_remove.append(request.seq_id)
             cached = request.prompt + request.generated[:-1]  # the last one was never fed
-            self.prefix.finished(request.seq_id, cached, completed)
-        done = self._done(request, reason)
+            self.prefix.finished(request.seq_id, cached, completed=True)
+
+    def _finish(self, request: Request, reason: FinishReason, notify: bool = True) -> None:
+        """End a request now (cancelled, or failed): out of the batch, Done if `notify`."""
+        request.finished = reason
+        self.by_key.pop((request.conn, request.id), None)
+        if request.seq_id in self.active:
+            del self.active[request.seq_id]
+            self.to_remove.append(request.seq_id)
+            self.prefix.finished(request.seq_id, [], completed=False)
+        done = request.done(reason)
         if notify:
             self.outbox.append((request.conn, done))
+        self._log_end(request, done, notified=notify)
+
+    def _fail(self, request: Request, exc: Exception) -> None:
+        log.error("request %s failed while sampling or decoding: %r", request.id, exc)
+        message = f"generation failed for this request: {exc}"
+        self.outbox.append((request.conn, Error(id=request.id, code="internal", message=message)))
+        if not request.ended:
+            self._finish(request, "stop", notify=False)
+
+    def _log_end(self, request: Request, done: Done, notified: bool) -> None:
         log.log(
             logging.DEBUG if request.conn == KEEP_WARM_CONN else logging.INFO,
             "request %s %s: %d prompt + %d completion tokens, first token %.3f s, %.1f tok/s",
             request.id,
-            reason if notify else "cancelled (client went away)",
+            done.finish_reason if notified else "cancelled (client went away)",
             done.usage.prompt_tokens,
             done.usage.completion_tokens,
             done.timings.time_to_first_token_s,
             done.timings.generation_tokens_per_second,
-        )
-
-    def _done(self, request: Request, reason: str) -> Done:
-        end = time.monotonic()
-        first = request.first_token_at or end
-        ttft = first - request.arrived
-        completion = len(request.generated)
-        decode_time = end - first
-        prompt_tokens = len(request.prompt)
-        return Done(
-            id=request.id,
-            finish_reason=reason,
-            stop_sequence=request.answer.stop_sequence,
-            usage=Usage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion,
-                total_tokens=prompt_tokens + completion,
-                prompt_tokens_details=PromptTokensDetails(cached_tokens=request.prefix_len),
-            ),
-            timings=Timings(
-                time_to_first_token_s=ttft,
-                prompt_tokens_per_second=prompt_tokens / ttft if ttft > 0 else 0.0,
-                generation_tokens_per_second=(
-                    (completion - 1) / decode_time if completion > 1 and decode_time > 0 else 0.0
-                ),
-                total_time_s=end - request.arrived,
-            ),
         )

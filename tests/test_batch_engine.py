@@ -109,3 +109,16 @@ def test_a_finished_sequence_is_stored_and_serves_its_continuation(model):
     )
     whole = greedy_run(model, chunk=256, prompts=[prompt + fed + [int(row.argmax())]], steps=1)
     np.testing.assert_allclose(_last_logits(engine, plan), whole[1][1], atol=1e-4)
+
+
+def test_a_burst_of_short_prompts_prefills_in_one_step_unless_answers_run(model):
+    prompts = [list(range(10 + i, 50 + i)) for i in range(8)]  # 8 x 40 tokens > 64 budget
+    engine = BatchEngine(model, 64)
+    inserts = [Insert(i + 1, p) for i, p in enumerate(prompts)]
+    engine.apply(StepPlan(0, engine.fingerprint(), inserts=inserts))
+    assert len(engine.run().seq_ids) == 8  # one batched forward: every prompt is done
+    later = [Insert(20 + i, p) for i, p in enumerate(prompts[:4])]
+    tokens = [1] * 8
+    engine.apply(StepPlan(engine.step_index, engine.fingerprint(), tokens=tokens, inserts=later))
+    result = engine.run()
+    assert len(result.seq_ids) == 8 + 1  # with answers running: one 40-token prompt fits 64

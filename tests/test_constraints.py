@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.batch_engine import BatchEngine, StepResult
-from engine.constraints import GrammarTokens, UnsupportedSchema, apply_mask, tool_call_schema
+from engine.batch_engine import BatchEngine
+from engine.constraints import GrammarTokens, UnsupportedSchema, tool_call_schema
 from engine.sampler import RequestSampler
 from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
@@ -32,6 +32,7 @@ from ipc.protocol import (
     ToolChoice,
     ToolSpec,
 )
+from tests.support.steps import take_step
 from tests.support.tiny_models import write_agent_tokenizer
 
 VOCAB = 266  # the agent tokenizer: 256 bytes, 3 special tokens, 7 words
@@ -75,13 +76,12 @@ def grammar(tokenizer):
 def generate(tokenizer, constraint, seed: int, limit: int = 300) -> str:
     """Random logits, temperature 1, the mask applied: the text the grammar let through."""
     rng = np.random.default_rng(seed)
-    sampler = RequestSampler(SamplingParams(max_tokens=limit, temperature=1.0, seed=seed), [])
+    params = SamplingParams(max_tokens=limit, temperature=1.0, seed=seed)
+    sampler = RequestSampler(params, [], constraint)  # it masks and advances the grammar
     tokens = []
     for _ in range(limit):
-        row = rng.normal(size=VOCAB).astype(np.float32) * 3
-        apply_mask(row, constraint.mask())
-        token = sampler.sample(row).token
-        constraint.consume(token)
+        row = mx.array(rng.normal(size=VOCAB).astype(np.float32) * 3)
+        token = sampler.sample_one(row).token
         if token in tokenizer.eos_token_ids:
             break
         tokens.append(token)
@@ -150,7 +150,7 @@ def test_the_scheduler_streams_a_forced_call_and_says_tool_calls(tokenizer, gram
     rng = np.random.default_rng(0)
     deltas, done = [], None
     for _ in range(200):
-        scheduler.on_result(StepResult([seq], mx.array(rng.normal(size=(1, VOCAB)) * 3)))
+        take_step(scheduler, [seq], mx.array(rng.normal(size=(1, VOCAB)) * 3))
         for message in sent(scheduler):
             deltas += [message] if isinstance(message, Delta) else []
             done = message if isinstance(message, Done) else done

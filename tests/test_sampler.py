@@ -1,7 +1,9 @@
-"""Rank 0's sampler, incremental detokenizer and stop-string filter."""
+"""Rank 0's sampling (each request's state through the batched MLX sampler), incremental
+detokenizer and stop-string filter."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
@@ -23,7 +25,7 @@ def params(**fields) -> SamplingParams:
 
 
 def draw(sampler: RequestSampler, rows: int = 20) -> list[int]:
-    return [sampler.sample(logits(i)).token for i in range(rows)]
+    return [sampler.sample_one(mx.array(logits(i))).token for i in range(rows)]
 
 
 def test_greedy_is_argmax():
@@ -50,31 +52,32 @@ def test_top_k_limits_the_candidates():
     row = logits(3)
     allowed = set(np.argsort(-row)[:3].tolist())
     sampler = RequestSampler(params(temperature=5.0, top_k=3, seed=2), [])
-    assert {sampler.sample(row).token for _ in range(200)} <= allowed
+    assert {sampler.sample_one(mx.array(row)).token for _ in range(200)} <= allowed
 
 
 def test_top_p_keeps_the_nucleus():
     row = np.full(VOCAB, -10.0, dtype=np.float32)
     row[[4, 9]] = [5.0, 4.9]  # these two hold almost all of the mass
     sampler = RequestSampler(params(temperature=1.0, top_p=0.9, seed=3), [])
-    assert {sampler.sample(row).token for _ in range(100)} == {4, 9}
+    assert {sampler.sample_one(mx.array(row)).token for _ in range(100)} == {4, 9}
 
 
 def test_penalties_push_repeats_down():
     row = np.zeros(VOCAB, dtype=np.float32)
     row[5], row[6] = 2.0, 1.9
-    assert RequestSampler(params(temperature=0.0), [5]).sample(row.copy()).token == 5
+    assert RequestSampler(params(temperature=0.0), [5]).sample_one(mx.array(row)).token == 5
     repeated = RequestSampler(params(temperature=0.0, repetition_penalty=1.5), [5])
-    assert repeated.sample(row.copy()).token == 6
+    assert repeated.sample_one(mx.array(row)).token == 6
     presence = RequestSampler(params(temperature=0.0, presence_penalty=1.0), [])
-    assert [presence.sample(row.copy()).token for _ in range(2)] == [5, 6]
+    assert [presence.sample_one(mx.array(row)).token for _ in range(2)] == [5, 6]
     frequency = RequestSampler(params(temperature=0.0, frequency_penalty=0.06), [])
-    assert [frequency.sample(row.copy()).token for _ in range(3)] == [5, 5, 6]
+    assert [frequency.sample_one(mx.array(row)).token for _ in range(3)] == [5, 5, 6]
 
 
 def test_logprobs_and_top_logprobs():
     row = logits(4)
-    sample = RequestSampler(params(temperature=0.0, logprobs=True, top_logprobs=3), []).sample(row)
+    greedy = RequestSampler(params(temperature=0.0, logprobs=True, top_logprobs=3), [])
+    sample = greedy.sample_one(mx.array(row))
     expected = row - row.max() - np.log(np.exp(row - row.max()).sum())
     assert sample.logprob == pytest.approx(float(expected.max()), abs=1e-4)
     assert [t for t, _ in sample.top] == np.argsort(-row)[:3].tolist()

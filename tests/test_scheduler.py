@@ -6,9 +6,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.batch_engine import BatchEngine, StepResult
+from engine.batch_engine import BatchEngine
 from engine.scheduler import Scheduler
 from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from tests.support.steps import take_step
 from tests.support.tiny_models import write_byte_tokenizer
 
 EOS = 258  # <|im_end|> in the byte tokenizer
@@ -70,7 +71,7 @@ def test_tokens_eos_and_cancel_flow_into_plans(tokenizer):
     # Pretend both prompts finished prefilling: "a" samples 'Z', "b" samples EOS.
     engine.prefilling.clear()
     engine.decode_ids, engine.decode_lengths = [seq_a, seq_b], [2, 2]
-    scheduler.on_result(StepResult([seq_a, seq_b], one_hot([ord("Z"), EOS])))
+    take_step(scheduler, [seq_a, seq_b], one_hot([ord("Z"), EOS]))
     messages = sent(scheduler)
     assert any(isinstance(m, Delta) and m.id == "a" and m.text == "Z" for m in messages)
     assert any(isinstance(m, Done) and m.id == "b" and m.finish_reason == "stop" for m in messages)
@@ -91,7 +92,7 @@ def test_stop_string_cuts_the_text(tokenizer):
     seq = engine.prefilling[0].seq_id
     text = ""
     for char in "abcde":
-        scheduler.on_result(StepResult([seq], one_hot([ord(char)])))
+        take_step(scheduler, [seq], one_hot([ord(char)]))
         for message in sent(scheduler):
             if isinstance(message, Delta):
                 text += message.text
