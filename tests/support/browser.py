@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -38,8 +39,7 @@ def browser_missing() -> str | None:
 
 @contextmanager
 def headless_chromium(width: int = 1300, height: int = 1400) -> Iterator[webdriver.Chrome]:
-    """A headless chromium; a start whose renderer dies is tried again once (seen on a
-    loaded CI machine: "Unable to receive message from renderer"), then fails with
+    """A headless chromium; a start that fails is tried again, then fails with
     chromedriver's log."""
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     log = Path(profile) / "chromedriver.log"
@@ -69,5 +69,8 @@ def _start(width: int, height: int, data_dir: Path, log: Path) -> webdriver.Chro
     options.add_argument(f"--window-size={width},{height}")
     options.add_argument(f"--user-data-dir={data_dir}")
     options.binary_location = shutil.which("chromium") or "chromium"
-    service = Service(shutil.which("chromedriver") or "chromedriver", log_output=str(log))
+    # Not the OpenBLAS that test.sh preloads for the ranks: chromium's renderer dies with it
+    # ("Unable to receive message from renderer"), which is how CI failed.
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    service = Service(shutil.which("chromedriver") or "chromedriver", log_output=str(log), env=env)
     return webdriver.Chrome(service=service, options=options)
