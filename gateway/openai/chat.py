@@ -40,8 +40,7 @@ async def chat_completions(
     """Generate the assistant's next message for a conversation."""
     generation, head = await begin(request, body, "chatcmpl", "messages")
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        render = ChatStream(head, include_usage, body.logprobs)
+        render = ChatStream(head, body.include_usage, body.logprobs)
         return generation.stream(render, render.opening())
     result = await generation.collect()
     calls = [ResponseToolCall.of(call) for call in result.tool_calls]

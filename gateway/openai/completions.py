@@ -46,8 +46,7 @@ async def completions(
     generation, head = await begin(request, body, "cmpl", "prompt")
     want_logprobs = body.logprobs is not None
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return generation.stream(TextStream(head, include_usage, want_logprobs))
+        return generation.stream(TextStream(head, body.include_usage, want_logprobs))
     result = await generation.collect()
     choice = TextChoice(
         text=result.text,
