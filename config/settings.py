@@ -14,7 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -70,6 +77,13 @@ def parse_bytes(text: str) -> int | None:
     if found is None:
         raise ValueError("must be a size such as 0, 512MiB or 2GiB (empty: the default)")
     return int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
+
+
+# Variables written as text with their own syntax, and the parser of each.
+_TEXT_PARSERS: dict[str, Callable[[str], object]] = {
+    "rank_weights": parse_rank_weights,
+    "prefix_cache_bytes": parse_bytes,
+}
 
 
 class Settings(BaseSettings):
@@ -148,15 +162,10 @@ class Settings(BaseSettings):
     def _split(cls, value: object) -> object:
         return split_list(value)
 
-    @field_validator("rank_weights", mode="before")
+    @field_validator("rank_weights", "prefix_cache_bytes", mode="before")
     @classmethod
-    def _parse_rank_weights(cls, value: object) -> object:
-        return parse_rank_weights(value) if isinstance(value, str) else value
-
-    @field_validator("prefix_cache_bytes", mode="before")
-    @classmethod
-    def _parse_bytes(cls, value: object) -> object:
-        return parse_bytes(value) if isinstance(value, str) else value
+    def _parse_text(cls, value: object, info: ValidationInfo) -> object:
+        return _TEXT_PARSERS[str(info.field_name)](value) if isinstance(value, str) else value
 
     @field_validator("remote_dir", mode="before")
     @classmethod
@@ -173,17 +182,14 @@ class Settings(BaseSettings):
         return dirs
 
     @model_validator(mode="after")
-    def _check_remote_dir_count(self) -> Settings:
+    def _check_together(self) -> Settings:
+        """The rules between variables, the first broken one reported."""
         dirs, hosts = self.remote_dir, self.worker_hosts
         if hosts and len(dirs) > 1 and len(dirs) != len(hosts):
             raise ValueError(
                 f"REMOTE_DIR has {len(dirs)} paths but WORKER_HOSTS has {len(hosts)}: give "
                 "one path for every worker, or one per worker in the order of WORKER_HOSTS"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _check_limits(self) -> Settings:
         if self.default_max_tokens >= self.max_sequence_length:
             raise ValueError(
                 f"DEFAULT_MAX_TOKENS ({self.default_max_tokens}) must be below "

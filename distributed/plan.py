@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -238,6 +238,28 @@ def make_plan(
     return _pipeline_plan(shape, world_size, weights, parallelism)
 
 
+def _plan(
+    strategy: Strategy,
+    asked: str,
+    shape: ModelShape,
+    weights: list[float],
+    ranks: list[RankShare],
+    **details: Any,
+) -> Plan:
+    """What every strategy's plan states: one weight and one share per rank (the weights'
+    count is the world size: _check_weights made it so); `details`: the tensor plans'
+    split_*, via_mlx_lm and note."""
+    return Plan(
+        strategy=strategy,
+        requested=asked,
+        world_size=len(weights),
+        weights=weights,
+        shape=shape,
+        ranks=ranks,
+        **details,
+    )
+
+
 def _whole(shape: ModelShape, rank: int, weight: float, layers: Span, first: bool, head: bool):
     return RankShare(
         rank=rank,
@@ -256,27 +278,12 @@ def _whole(shape: ModelShape, rank: int, weight: float, layers: Span, first: boo
 
 def _single_plan(shape: ModelShape, weights: list[float], asked: str) -> Plan:
     share = _whole(shape, 0, weights[0], (0, shape.num_layers), True, True)
-    return Plan(
-        strategy="single",
-        requested=asked,
-        world_size=1,
-        weights=weights,
-        shape=shape,
-        ranks=[share],
-    )
+    return _plan("single", asked, shape, weights, [share])
 
 
 def _mlx_lm_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
     ranks = [_whole(shape, r, weights[r], (0, shape.num_layers), True, True) for r in range(world)]
-    return Plan(
-        strategy="tensor-even",
-        requested=asked,
-        world_size=world,
-        weights=weights,
-        shape=shape,
-        ranks=ranks,
-        via_mlx_lm=True,
-    )
+    return _plan("tensor-even", asked, shape, weights, ranks, via_mlx_lm=True)
 
 
 def _fine_weights(
@@ -353,13 +360,12 @@ def _tensor_plan(shape: ModelShape, world: int, weights: list[float], asked: str
     if shape.shared_size and not split_shared:
         notes.append("shared experts whole on rank 0 (too few quantization groups to split)")
     even = is_even(shape, world, weights, split_heads)
-    return Plan(
-        strategy="tensor-even" if even else "tensor-uneven",
-        requested=asked,
-        world_size=world,
-        weights=weights,
-        shape=shape,
-        ranks=ranks,
+    return _plan(
+        "tensor-even" if even else "tensor-uneven",
+        asked,
+        shape,
+        weights,
+        ranks,
         split_heads=split_heads,
         split_experts=shape.is_moe,
         split_vocab=split_vocab,
@@ -378,14 +384,7 @@ def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: s
     # to the final hidden state the last stage sends back, so nothing is stored twice.
     head_rank = 0 if shape.tie_word_embeddings else last
     ranks = [_whole(shape, r, weights[r], layers[r], r == 0, r == head_rank) for r in range(world)]
-    return Plan(
-        strategy="pipeline",
-        requested=asked,
-        world_size=world,
-        weights=weights,
-        shape=shape,
-        ranks=ranks,
-    )
+    return _plan("pipeline", asked, shape, weights, ranks)
 
 
 def fits(

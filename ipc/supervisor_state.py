@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
+from ipc.processes import pid_alive
+
 # starting: the first start; running: the ranks serve; restarting: they ended and the
 # supervisor starts them again (attempt, next_try_at); failed: it gave up (reason);
 # stopping/stopped: `./launch.sh stop`.
@@ -107,16 +109,6 @@ def write_state(path: Path, state: SupervisorState) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.write_text(state.model_dump_json(indent=1))
     os.replace(temporary, path)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_state(path: Path) -> SupervisorState | None:

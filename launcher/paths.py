@@ -10,50 +10,28 @@ from pathlib import Path
 from launcher.command import ROOT
 
 
+class _Under:
+    """A path attribute of Paths: `parts` below its project directory (`root`)."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, paths: Paths, owner: type[Paths] | None = None) -> Path:
+        return paths.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class Paths:
     root: Path = ROOT
 
-    @property
-    def run(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def server_log(self) -> Path:  # every rank's output, through mlx.launch
-        return self.root / "server.log"
-
-    @property
-    def api_log(self) -> Path:
-        return self.root / "api.log"
-
-    @property
-    def supervisor_log(self) -> Path:
-        return self.root / "supervisor.log"
-
-    @property
-    def hosts(self) -> Path:
-        return self.root / "hosts.json"
-
-    @property
-    def ranks_pid(self) -> Path:  # mlx.launch
-        return self.run / "ranks.pid"
-
-    @property
-    def api_pid(self) -> Path:
-        return self.run / "api.pid"
-
-    @property
-    def supervisor_pid(self) -> Path:
-        return self.run / "supervisor.pid"
-
-    @property
-    def state(self) -> Path:  # ipc/supervisor_state.py
-        return self.run / "supervisor.json"
-
-    @property
-    def progress(self) -> Path:  # the first start's lines, for `./launch.sh start`
-        return self.run / "start.progress"
-
-    @property
-    def stopped(self) -> Path:  # what the last stop ended, for `./launch.sh stop`
-        return self.run / "stopped.txt"
+    run = _Under("run")
+    server_log = _Under("server.log")  # every rank's output, through mlx.launch
+    api_log = _Under("api.log")
+    supervisor_log = _Under("supervisor.log")
+    hosts = _Under("hosts.json")
+    ranks_pid = _Under("run", "ranks.pid")  # mlx.launch
+    api_pid = _Under("run", "api.pid")
+    supervisor_pid = _Under("run", "supervisor.pid")
+    state = _Under("run", "supervisor.json")  # ipc/supervisor_state.py
+    progress = _Under("run", "start.progress")  # the first start's lines, `./launch.sh start`
+    stopped = _Under("run", "stopped.txt")  # what the last stop ended, for `./launch.sh stop`

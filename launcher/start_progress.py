@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ipc.supervisor_state import pid_alive
+from ipc.processes import pid_alive
 from launcher.paths import Paths
 
 READY = "@ready"

@@ -1,4 +1,5 @@
-"""HTTP and port checks that launch.sh runs for api.py (standard library only, starts fast).
+"""HTTP and port checks that launch.sh runs for api.py (standard library and the project's
+standard-library-only ipc/processes.py: starts fast).
 
 api_check.py health URL                        one line: ready / not ready and why (exit 1)
 api_check.py wait URL --timeout S [--pid P]    until /health is 200; exit 1 if P dies first
@@ -16,6 +17,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ipc.processes import pid_alive  # noqa: E402  (the project root, put on the path above)
 
 
 def _request(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, dict]:
@@ -54,23 +60,11 @@ def health(url: str) -> int:
     return 0 if code == 200 else 1
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def wait(url: str, timeout: float, pid: int | None) -> int:
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if pid is not None and not pid_alive(pid):
             print(f"api.py (pid {pid}) exited before /health was ready", file=sys.stderr)
             return 1
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import count_layers, dense_mlp, experts, router_params
-from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
+from distributed.families.spec import AttentionParts, ExpertParts, ShapeFields, moe_family
 
 
 def moe_layers(config: dict[str, Any]) -> list[bool]:
@@ -73,11 +73,10 @@ def read(config: dict[str, Any]) -> ShapeFields:
     return deepseek_moe(config, mla(config, absorbed=False))
 
 
-FAMILY = Family(
-    name="deepseek_v2",
-    model_types=("deepseek_v2",),
-    read=read,
-    splits=ALL_OURS,
+FAMILY = moe_family(
+    "deepseek_v2",
+    read,
+    ExpertParts(block="mlp", experts="switch_mlp", router="gate", shared="shared_experts"),
     cache="mla-heads",
     attention=AttentionParts(
         query=("q_proj", "q_b_proj"),
@@ -85,5 +84,4 @@ FAMILY = Family(
         heads_attr="num_heads",
         kv_heads_attr=None,
     ),
-    moe=ExpertParts(block="mlp", experts="switch_mlp", router="gate", shared="shared_experts"),
 )

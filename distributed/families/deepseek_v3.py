@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.deepseek_v2 import deepseek_moe, mla
-from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
+from distributed.families.spec import AttentionParts, ExpertParts, ShapeFields, moe_family
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
@@ -19,11 +19,11 @@ def read(config: dict[str, Any]) -> ShapeFields:
     return fields
 
 
-FAMILY = Family(
-    name="deepseek_v3",
-    model_types=("deepseek_v3", "kimi_k2", "joyai_llm_flash"),
-    read=read,
-    splits=ALL_OURS,
+FAMILY = moe_family(
+    "deepseek_v3",
+    read,
+    ExpertParts(block="mlp", experts="switch_mlp", router="gate", shared="shared_experts"),
+    also_types=("kimi_k2", "joyai_llm_flash"),
     cache="mla-latent",
     mask="array",
     attention=AttentionParts(
@@ -33,5 +33,4 @@ FAMILY = Family(
         kv_heads_attr=None,
         per_head_rows=("embed_q", "unembed_out"),
     ),
-    moe=ExpertParts(block="mlp", experts="switch_mlp", router="gate", shared="shared_experts"),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import count_layers, dense_mlp, experts, gqa, router_params
-from distributed.families.spec import ALL_OURS, ExpertParts, Family, ShapeFields
+from distributed.families.spec import ExpertParts, ShapeFields, moe_family
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
@@ -32,10 +32,8 @@ def read(config: dict[str, Any]) -> ShapeFields:
     }
 
 
-FAMILY = Family(
-    name="glm4_moe",
-    model_types=("glm4_moe",),
-    read=read,
-    splits=ALL_OURS,
-    moe=ExpertParts(block="mlp", experts="switch_mlp", router="gate", shared="shared_experts"),
+FAMILY = moe_family(
+    "glm4_moe",
+    read,
+    ExpertParts(block="mlp", experts="switch_mlp", router="gate", shared="shared_experts"),
 )

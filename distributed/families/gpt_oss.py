@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import experts_in_every_layer, gqa, sliding
-from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
+from distributed.families.spec import AttentionParts, ExpertParts, ShapeFields, moe_family
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
@@ -33,17 +33,15 @@ def read(config: dict[str, Any]) -> ShapeFields:
     }
 
 
-FAMILY = Family(
-    name="gpt_oss",
-    model_types=("gpt_oss",),
-    read=read,
-    splits=ALL_OURS,
+FAMILY = moe_family(
+    "gpt_oss",
+    read,
+    ExpertParts(block="mlp", experts="experts", router="router"),
+    every_layer=True,
     mask="window",
     attention=AttentionParts(
         heads_attr="num_attention_heads",
         kv_heads_attr="num_key_value_heads",
         per_head_rows=("sinks",),
     ),
-    mlp=None,
-    moe=ExpertParts(block="mlp", experts="experts", router="router"),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import experts_in_every_layer, gqa
-from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
+from distributed.families.spec import AttentionParts, ExpertParts, ShapeFields, moe_family
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
@@ -21,16 +21,15 @@ def read(config: dict[str, Any]) -> ShapeFields:
     }
 
 
-FAMILY = Family(
-    name="minimax",
-    model_types=("minimax", "minimax_m2"),
-    read=read,
-    splits=ALL_OURS,
+FAMILY = moe_family(
+    "minimax",
+    read,
+    ExpertParts(block="block_sparse_moe", experts="switch_mlp", router="gate"),
+    also_types=("minimax_m2",),
+    every_layer=True,
     attention=AttentionParts(
         heads_attr="num_attention_heads",
         kv_heads_attr="num_key_value_heads",
         wide_norms=("q_norm", "k_norm"),
     ),
-    mlp=None,
-    moe=ExpertParts(block="block_sparse_moe", experts="switch_mlp", router="gate"),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import experts_in_every_layer, gqa
-from distributed.families.spec import ALL_OURS, AttentionParts, ExpertParts, Family, ShapeFields
+from distributed.families.spec import AttentionParts, ExpertParts, ShapeFields, moe_family
 
 
 def read(config: dict[str, Any]) -> ShapeFields:
@@ -19,12 +19,10 @@ def read(config: dict[str, Any]) -> ShapeFields:
     }
 
 
-FAMILY = Family(
-    name="mixtral",
-    model_types=("mixtral",),
-    read=read,
-    splits=ALL_OURS,
+FAMILY = moe_family(
+    "mixtral",
+    read,
+    ExpertParts(block="block_sparse_moe", experts="switch_mlp", router="gate"),
+    every_layer=True,
     attention=AttentionParts(heads_attr="num_heads", kv_heads_attr="num_key_value_heads"),
-    mlp=None,
-    moe=ExpertParts(block="block_sparse_moe", experts="switch_mlp", router="gate"),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.families.reading import count_layers, dense_mlp, experts, gqa, router_params
-from distributed.families.spec import ALL_OURS, ExpertParts, Family, ShapeFields
+from distributed.families.spec import ExpertParts, ShapeFields, moe_family
 
 
 def moe_layers(config: dict[str, Any]) -> list[bool]:
@@ -33,10 +33,6 @@ def read(config: dict[str, Any]) -> ShapeFields:
     }
 
 
-FAMILY = Family(
-    name="qwen3_moe",
-    model_types=("qwen3_moe",),
-    read=read,
-    splits=ALL_OURS,
-    moe=ExpertParts(block="mlp", experts="switch_mlp", router="gate"),
+FAMILY = moe_family(
+    "qwen3_moe", read, ExpertParts(block="mlp", experts="switch_mlp", router="gate")
 )

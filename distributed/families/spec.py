@@ -86,6 +86,8 @@ class ExpertParts:
 
 
 ShapeFields = dict[str, Any]
+# A family's config reader: config.json as a dict -> ModelShape fields.
+ShapeReader = Callable[[dict[str, Any]], ShapeFields]
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]
-    read: Callable[[dict[str, Any]], ShapeFields]
+    read: ShapeReader
     splits: frozenset[Split]
     cache: CacheKind = "kv"
     mask: MaskKind = "shared"
@@ -110,6 +112,29 @@ class Family:
     @property
     def via_mlx_lm(self) -> bool:
         return bool(self.mlx_lm_shard_divides)
+
+
+def moe_family(
+    name: str,
+    read: ShapeReader,
+    moe: ExpertParts,
+    *,
+    also_types: tuple[str, ...] = (),
+    every_layer: bool = False,
+    **parts: Any,
+) -> Family:
+    """A mixture-of-experts family we split every way (ALL_OURS), for model type `name` and
+    `also_types`. `every_layer`: routed experts in every layer, so no dense MLP parts;
+    `parts`: the other Family fields where the family differs from the defaults."""
+    return Family(
+        name=name,
+        model_types=(name, *also_types),
+        read=read,
+        splits=ALL_OURS,
+        mlp=None if every_layer else DenseParts(),
+        moe=moe,
+        **parts,
+    )
 
 
 def first(config: dict[str, Any], *names: str, default: Any = None) -> Any:

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from gateway import sse
 from gateway.auth import require_api_key
-from gateway.openai.common import begin
+from gateway.openai.common import ChunkStream, begin, whole_response
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -20,8 +20,6 @@ from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChoiceLogprobs,
     ChunkDelta,
-    Performance,
-    ResponseHead,
     choice_finish_reason,
     error_responses,
 )
@@ -42,8 +40,7 @@ async def chat_completions(
     """Generate the assistant's next message for a conversation."""
     generation, head = await begin(request, body, "chatcmpl", "messages")
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        render = ChatStream(head, include_usage, body.logprobs)
+        render = ChatStream(head, body.include_usage, body.logprobs)
         return generation.stream(render, render.opening())
     result = await generation.collect()
     calls = [ResponseToolCall.of(call) for call in result.tool_calls]
@@ -57,47 +54,29 @@ async def chat_completions(
         logprobs=ChoiceLogprobs(content=result.logprobs) if body.logprobs else None,
         finish_reason=choice_finish_reason(result.done),
     )
-    return ChatCompletion(
-        **head.model_dump(),
-        choices=[choice],
-        usage=result.done.usage,
-        performance=Performance.of(result.done.timings),
-    )
+    return whole_response(ChatCompletion, head, choice, result.done)
 
 
-class ChatStream:
+class ChatStream(ChunkStream):
     """Rank 0's events as chat.completion.chunk events: a role chunk first, then one chunk
     per delta (content, reasoning_content and tool-call pieces), a finish chunk, the usage
     chunk when asked for, then [DONE]."""
 
-    def __init__(self, head: ResponseHead, include_usage: bool, logprobs: bool) -> None:
-        self.head = head.model_dump()
-        self.include_usage = include_usage
-        self.logprobs = logprobs
-        self.drop: tuple[str, ...] = () if include_usage else ("usage",)
-
-    def _chunk(self, choices: list[ChatChunkChoice], **extra: object) -> ChatCompletionChunk:
-        return ChatCompletionChunk(**self.head, choices=choices, **extra)
+    chunk_model = ChatCompletionChunk
 
     def opening(self) -> Iterator[str]:
         first = ChatChunkChoice(delta=ChunkDelta(role="assistant", content=""))
         yield sse.event(self._chunk([first]), drop=(*self.drop, "performance"))
 
-    def __call__(self, message: Delta | Done) -> Iterator[str]:
-        if isinstance(message, Delta):
-            lp = ChoiceLogprobs(content=message.logprobs or []) if self.logprobs else None
-            other = message.reasoning or message.tool_calls
-            delta = ChunkDelta(
-                content=message.text if message.text or not other else None,
-                reasoning_content=message.reasoning or None,
-                tool_calls=[ChunkToolCall.of(piece) for piece in message.tool_calls] or None,
-            )
-            choice = ChatChunkChoice(delta=delta, logprobs=lp)
-            yield sse.event(self._chunk([choice]), drop=(*self.drop, "performance"))
-            return
-        perf = Performance.of(message.timings)
-        last = ChatChunkChoice(delta=ChunkDelta(), finish_reason=choice_finish_reason(message))
-        yield sse.event(self._chunk([last], performance=perf), drop=self.drop)
-        if self.include_usage:
-            yield sse.event(self._chunk([], usage=message.usage, performance=perf))
-        yield sse.DONE
+    def delta_choice(self, message: Delta) -> ChatChunkChoice:
+        lp = ChoiceLogprobs(content=message.logprobs or []) if self.logprobs else None
+        other = message.reasoning or message.tool_calls
+        delta = ChunkDelta(
+            content=message.text if message.text or not other else None,
+            reasoning_content=message.reasoning or None,
+            tool_calls=[ChunkToolCall.of(piece) for piece in message.tool_calls] or None,
+        )
+        return ChatChunkChoice(delta=delta, logprobs=lp)
+
+    def finish_choice(self, message: Done) -> ChatChunkChoice:
+        return ChatChunkChoice(delta=ChunkDelta(), finish_reason=choice_finish_reason(message))

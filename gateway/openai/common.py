@@ -1,16 +1,22 @@
 """What the OpenAI routes share: from a request body to a running generation at rank 0,
-and the head every response and chunk of it repeats."""
+the head every response and chunk of it repeats, the whole response once it is done, and
+the SSE chunks of a streamed one."""
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from collections.abc import Iterator, Sequence
+from typing import Protocol, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 
+from gateway import sse
 from gateway.core import Generation, Limits, new_request_id, served_model, system_fingerprint
-from gateway.openai.protocol import ResponseHead
-from ipc.protocol import Submit
+from gateway.openai.protocol import Performance, ResponseHead
+from ipc.protocol import Delta, Done, Submit
+
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
 
 
 class Submittable(Protocol):
@@ -37,3 +43,53 @@ async def begin(
         system_fingerprint=system_fingerprint(state.rank_client),
     )
     return generation, head
+
+
+def whole_response(
+    model: type[ResponseT], head: ResponseHead, choice: BaseModel, done: Done
+) -> ResponseT:
+    """A finished generation as one response of `model`: its one choice, usage and
+    performance."""
+    return model(
+        **head.model_dump(),
+        choices=[choice],
+        usage=done.usage,
+        performance=Performance.of(done.timings),
+    )
+
+
+class ChunkStream:
+    """Rank 0's events as SSE chunks of `chunk_model`: one per delta, a finish chunk, the
+    usage chunk when asked for, then [DONE]. A subclass says what choice a delta and the
+    finish make."""
+
+    chunk_model: type[BaseModel]
+
+    def __init__(self, head: ResponseHead, include_usage: bool, logprobs: bool) -> None:
+        self.head = head.model_dump()
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.drop: tuple[str, ...] = () if include_usage else ("usage",)
+
+    def _chunk(self, choices: Sequence[BaseModel], **extra: object) -> BaseModel:
+        return self.chunk_model(**self.head, choices=choices, **extra)
+
+    def delta_choice(self, message: Delta) -> BaseModel:
+        """The choice of the chunk that carries one delta."""
+        raise NotImplementedError
+
+    def finish_choice(self, message: Done) -> BaseModel:
+        """The choice of the chunk that carries the finish reason."""
+        raise NotImplementedError
+
+    def __call__(self, message: Delta | Done) -> Iterator[str]:
+        if isinstance(message, Delta):
+            choice = self.delta_choice(message)
+            yield sse.event(self._chunk([choice]), drop=(*self.drop, "performance"))
+            return
+        perf = Performance.of(message.timings)
+        last = self.finish_choice(message)
+        yield sse.event(self._chunk([last], performance=perf), drop=self.drop)
+        if self.include_usage:
+            yield sse.event(self._chunk([], usage=message.usage, performance=perf))
+        yield sse.DONE

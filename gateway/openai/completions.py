@@ -3,18 +3,14 @@ streamed (SSE) or whole."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from gateway import sse
 from gateway.auth import require_api_key
-from gateway.openai.common import begin
+from gateway.openai.common import ChunkStream, begin, whole_response
 from gateway.openai.protocol import (
     CompletionLogprobs,
     CompletionRequest,
-    Performance,
     ResponseHead,
     TextChoice,
     TextCompletion,
@@ -50,46 +46,30 @@ async def completions(
     generation, head = await begin(request, body, "cmpl", "prompt")
     want_logprobs = body.logprobs is not None
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return generation.stream(TextStream(head, include_usage, want_logprobs))
+        return generation.stream(TextStream(head, body.include_usage, want_logprobs))
     result = await generation.collect()
     choice = TextChoice(
         text=result.text,
         logprobs=text_logprobs(result.logprobs, 0) if want_logprobs else None,
         finish_reason=choice_finish_reason(result.done),
     )
-    return TextCompletion(
-        **head.model_dump(),
-        choices=[choice],
-        usage=result.done.usage,
-        performance=Performance.of(result.done.timings),
-    )
+    return whole_response(TextCompletion, head, choice, result.done)
 
 
-class TextStream:
+class TextStream(ChunkStream):
     """Rank 0's events as text_completion chunks: one per delta, a finish chunk, the usage
     chunk when asked for, then [DONE]."""
 
+    chunk_model = TextCompletion
+
     def __init__(self, head: ResponseHead, include_usage: bool, logprobs: bool) -> None:
-        self.head = head.model_dump()
-        self.include_usage = include_usage
-        self.logprobs = logprobs
-        self.drop: tuple[str, ...] = () if include_usage else ("usage",)
+        super().__init__(head, include_usage, logprobs)
         self.offset = 0  # characters streamed so far, for the logprobs' text offsets
 
-    def _chunk(self, choices: list[TextChoice], **extra: object) -> TextCompletion:
-        return TextCompletion(**self.head, choices=choices, **extra)
+    def delta_choice(self, message: Delta) -> TextChoice:
+        lp = text_logprobs(message.logprobs or [], self.offset) if self.logprobs else None
+        self.offset += len(message.text)
+        return TextChoice(text=message.text, logprobs=lp)
 
-    def __call__(self, message: Delta | Done) -> Iterator[str]:
-        if isinstance(message, Delta):
-            lp = text_logprobs(message.logprobs or [], self.offset) if self.logprobs else None
-            self.offset += len(message.text)
-            choice = TextChoice(text=message.text, logprobs=lp)
-            yield sse.event(self._chunk([choice]), drop=(*self.drop, "performance"))
-            return
-        perf = Performance.of(message.timings)
-        last = TextChoice(text="", finish_reason=choice_finish_reason(message))
-        yield sse.event(self._chunk([last], performance=perf), drop=self.drop)
-        if self.include_usage:
-            yield sse.event(self._chunk([], usage=message.usage, performance=perf))
-        yield sse.DONE
+    def finish_choice(self, message: Done) -> TextChoice:
+        return TextChoice(text="", finish_reason=choice_finish_reason(message))

@@ -118,6 +118,11 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
 
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (stream_options.include_usage)."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import (
@@ -24,53 +25,57 @@ router = APIRouter(tags=["metrics"])
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-class PrefixCacheCollector(Collector):
-    """Rank 0's prefix-cache counters, from the last status (read at scrape time)."""
+ValueT = TypeVar("ValueT")
 
-    def __init__(self, stats: Callable[[], PrefixCacheStats | None]) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self.stats()
-        if stats is None:
-            return
-        counters = {
-            "hits": "Requests that reused cached prompt tokens",
-            "hit_tokens": "Prompt tokens taken from the prefix cache",
-            "misses": "Requests that found no cached prefix",
-            "evictions": "Prefix-cache entries evicted",
-        }
-        for name, text in counters.items():
-            yield CounterMetricFamily(f"prefix_cache_{name}", text, value=getattr(stats, name))
-        gauges = {
-            "entries": "Prefix-cache entries held",
-            "cached_tokens": "Tokens held in the prefix cache",
-            "bytes": "Bytes of the prefix cache on rank 0",
-            "budget_tokens": "Tokens the prefix cache may hold (0: off)",
-        }
-        for name, text in gauges.items():
-            yield GaugeMetricFamily(f"prefix_cache_{name}", text, value=getattr(stats, name))
+# Rank 0's prefix-cache figures: (family, name after "prefix_cache_", help), counters first.
+_PREFIX_CACHE_FAMILIES: tuple[
+    tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str], ...
+] = (
+    (CounterMetricFamily, "hits", "Requests that reused cached prompt tokens"),
+    (CounterMetricFamily, "hit_tokens", "Prompt tokens taken from the prefix cache"),
+    (CounterMetricFamily, "misses", "Requests that found no cached prefix"),
+    (CounterMetricFamily, "evictions", "Prefix-cache entries evicted"),
+    (GaugeMetricFamily, "entries", "Prefix-cache entries held"),
+    (GaugeMetricFamily, "cached_tokens", "Tokens held in the prefix cache"),
+    (GaugeMetricFamily, "bytes", "Bytes of the prefix cache on rank 0"),
+    (GaugeMetricFamily, "budget_tokens", "Tokens the prefix cache may hold (0: off)"),
+)
 
 
-class RateCollector(Collector):
+def prefix_cache_families(stats: PrefixCacheStats) -> Iterator[Metric]:
+    """Rank 0's prefix-cache counters and gauges."""
+    for family, name, text in _PREFIX_CACHE_FAMILIES:
+        yield family(f"prefix_cache_{name}", text, value=getattr(stats, name))
+
+
+def rate_families(sample: Sample) -> Iterator[Metric]:
     """Decode and prefill tokens/s over the last status interval: the figures the
-    dashboard plots (gateway/telemetry.py), read at scrape time."""
+    dashboard plots (gateway/telemetry.py)."""
+    yield GaugeMetricFamily(
+        "rank_decode_tokens_per_second", "Tokens decoded per second", value=sample.decode_tps
+    )
+    yield GaugeMetricFamily(
+        "rank_prefill_tokens_per_second",
+        "Prompt tokens prefilled per second",
+        value=sample.prefill_tps,
+    )
 
-    def __init__(self, rates: Callable[[], Sample | None]) -> None:
-        self.rates = rates
+
+class ScrapeCollector(Collector, Generic[ValueT]):
+    """Metric families made at scrape time from the latest value `read` gives (none while
+    it gives None)."""
+
+    def __init__(
+        self, read: Callable[[], ValueT | None], families: Callable[[ValueT], Iterator[Metric]]
+    ) -> None:
+        self.read = read
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        sample = self.rates()
-        if sample is None:
+        value = self.read()
+        if value is None:
             return
-        yield GaugeMetricFamily(
-            "rank_decode_tokens_per_second", "Tokens decoded per second", value=sample.decode_tps
-        )
-        yield GaugeMetricFamily(
-            "rank_prefill_tokens_per_second",
-            "Prompt tokens prefilled per second",
-            value=sample.prefill_tps,
-        )
+        yield from self.families(value)
 
 
 class Metrics:
@@ -83,8 +88,8 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        r.register(PrefixCacheCollector(prefix_stats))
-        r.register(RateCollector(rates))
+        r.register(ScrapeCollector(prefix_stats, prefix_cache_families))
+        r.register(ScrapeCollector(rates, rate_families))
         self.requests = Counter(
             "api_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
