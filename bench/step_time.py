@@ -3,7 +3,7 @@
     LD_PRELOAD=.../libopenblas.so.0 .venv/bin/python -m bench.step_time --ranks 2 \
         --model /path/to/mlx_dir --batch 1 8 [--env IMPORT_DTYPE=float32]
 
-Starts a local cluster (tests.support.cluster) with LOG_LEVEL=DEBUG, sends B identical
+Starts a local cluster (launcher.local_cluster) with LOG_LEVEL=DEBUG, sends B identical
 greedy requests at once for each batch size, and reads rank 0's per-step debug lines.
 """
 
@@ -67,6 +67,9 @@ def main() -> None:
     report: dict = {"ranks": args.ranks, "model": args.model or "default"}
     with Cluster(args.model, ranks=args.ranks, env=env, ready_timeout=600) as cluster:
         time.sleep(1.0)
+        status = cluster.status()
+        report["strategy"] = status.plan.get("strategy", "single")
+        report["weight_bytes"] = [rank.weight_bytes for rank in status.ranks]
         report["idle_cpu_percent"] = idle_cpu(cluster, args.idle_seconds)
         for batch in args.batch:
             mark = len(cluster.log_path.read_text())
