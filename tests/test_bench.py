@@ -250,3 +250,32 @@ def test_constrained_bench_measures_every_part_on_a_tiny_tokenizer(tmp_path) -> 
     assert row["tokens"] == 80 and row["documents"] >= 2
     assert row["added_ms_per_token"] >= row["grammar_ms_per_token"] > 0
     assert row["sample_free_ms_per_token"] > 0 and row["compile_ms_median"] > 0
+
+
+def test_step_model_is_calibrated_on_one_rank_and_adds_bytes_and_collectives(
+    tmp_path: Path,
+) -> None:
+    from bench.step_model import CLUSTERS, Measured, collectives, mac_step_ms, predict
+
+    one = Measured(ranks=1, strategy="single", weight_bytes=10**9, step_ms=120.0)
+    fixed = one.step_ms - 10**9 / 10.0 / 1e6  # 10 GB/s: 100 ms of reading
+    assert predict(one, fixed, 10.0, 61, 0.5) == pytest.approx(120.0)
+    tensor = Measured(ranks=2, strategy="tensor-uneven", weight_bytes=10**9, step_ms=0.0)
+    pipeline = Measured(ranks=3, strategy="pipeline", weight_bytes=10**9, step_ms=0.0)
+    assert collectives(tensor, 61) == 61 and collectives(pipeline, 61) == 3
+    assert predict(tensor, fixed, 10.0, 61, 0.5) == pytest.approx(120.0 + 30.5)
+    memory, talk = mac_step_ms(CLUSTERS[0])
+    assert 5 < memory < 30 and talk > mac_step_ms(CLUSTERS[1])[1]  # ring costs more than RDMA
+    for ranks, ms in ((1, 120.0), (2, 150.0)):
+        report = {"ranks": ranks, "weight_bytes": [10**9 // ranks] * ranks}
+        report["strategy"] = "tensor-uneven" if ranks > 1 else "single"
+        report["batch_1"] = {"step_ms": ms}
+        (tmp_path / f"steps-{ranks}.json").write_text(json.dumps(report))
+    (tmp_path / "bw.json").write_text(json.dumps({"limit_gb_s": 10.0}))
+    args = ["--bandwidth", str(tmp_path / "bw.json"), "--collective-ms", "0.5", "--all-sums"]
+    args += ["61", "--steps", str(tmp_path / "steps-2.json"), str(tmp_path / "steps-1.json")]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.step_model", *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| 2 | tensor-uneven | 954 MiB | 61 | 150.5 | 150.0 | +0% |" in done.stdout
