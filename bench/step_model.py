@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -63,9 +63,7 @@ def predict(m: Measured, fixed_ms: float, gb_s: float, all_sums: int, cost_ms: f
 @dataclass(frozen=True)
 class Cluster:
     name: str
-    machines: int
     spec_gb_s: float  # each machine's memory bandwidth, Apple's specification
-    backend: str
     all_sum_us: float  # ASSUMED cost of one small all_sum between the machines
     active_bytes: float  # bytes one token reads, whole model (active experts only)
     max_rank_share: float  # share of them the busiest machine reads
@@ -88,28 +86,21 @@ PUBLISHED = (
     "pull/730); Kimi K2 class MoE, MLX TP=2 over JACCL 20.1 tok/s (huggingface.co/"
     "moonshotai/Kimi-K2.7-Code/discussions/7)"
 )
+RING = Cluster(
+    name="Qwen3-235B-A22B 4-bit, 2 x M2 Ultra 192 GB, ring over Thunderbolt",
+    spec_gb_s=800,
+    all_sum_us=60,
+    active_bytes=QWEN3_235B_4BIT,
+    max_rank_share=0.59,
+    all_sums=189,
+    published=PUBLISHED,
+)
 CLUSTERS = [
-    Cluster(
-        name="Qwen3-235B-A22B 4-bit, 2 x M2 Ultra 192 GB, ring over Thunderbolt",
-        machines=2,
-        spec_gb_s=800,
-        backend="ring",
-        all_sum_us=60,
-        active_bytes=QWEN3_235B_4BIT,
-        max_rank_share=0.59,
-        all_sums=189,
-        published=PUBLISHED,
-    ),
-    Cluster(
+    RING,
+    replace(
+        RING,
         name="Qwen3-235B-A22B 4-bit, 2 x M2 Ultra 192 GB, jaccl (RDMA)",
-        machines=2,
-        spec_gb_s=800,
-        backend="jaccl",
         all_sum_us=15,
-        active_bytes=QWEN3_235B_4BIT,
-        max_rank_share=0.59,
-        all_sums=189,
-        published=PUBLISHED,
     ),
 ]
 # ASSUMED: MLX's batch-1 decode reaches this fraction of the specified bandwidth on Apple
