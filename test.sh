@@ -20,9 +20,14 @@ echo "==> ruff format --check"
 echo "==> mypy (strict on config/, ipc/, gateway/)"
 .venv/bin/mypy || { echo "error: the type checker found problems" >&2; exit 1; }
 
+# The unit tests alone (-m "not cluster") run on every core: 55 s instead of 92 s on 2 cores.
+# Anything with cluster tests runs in one process: their ranks need the cores to themselves.
+workers=()
+[[ " $* " == *"not cluster"* ]] && workers=(-n "$(getconf _NPROCESSORS_ONLN)")
+
 echo "==> pytest"
 SECONDS=0
-.venv/bin/pytest "$@"
+.venv/bin/pytest ${workers[@]+"${workers[@]}"} "$@"
 status=$?
 echo "pytest finished in ${SECONDS} s with exit status $status"
 if ((status == 5)); then
