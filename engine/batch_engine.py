@@ -10,7 +10,7 @@ a prefix-cache entry (engine/prefix_store.py) and prefill only the rest of its p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -269,11 +269,15 @@ class BatchEngine:
             # list with the sampled tokens first, rank 0 ran independent prefills in
             # another order than rank 1 and their all_sums paired up wrongly.)
             arrays = [output, *pending, *stored]
-            mx.async_eval(arrays)
-            if sampling is not None:
-                sampled = sample(output, sampling(seq_ids))
-                arrays += sampled.arrays()
-                mx.async_eval(sampled.arrays())
+            # Under the watchdog too: on MLX's CPU backend much of the evaluation (its
+            # all_sums included) runs before async_eval returns, so a stalled peer can
+            # block here, not only in wait() (a SIGSTOPped worker hung rank 0 this way).
+            with self._guarded():
+                mx.async_eval(arrays)
+                if sampling is not None:
+                    sampled = sample(output, sampling(seq_ids))
+                    arrays += sampled.arrays()
+                    mx.async_eval(sampled.arrays())
         return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays)
 
     def _fresh_group(self, budget: int | None) -> list[_Prefill]:
@@ -312,11 +316,14 @@ class BatchEngine:
         return arrays
 
     def _eval(self, arrays: list) -> None:
-        if self._guard is None:
+        with self._guarded():
             mx.eval(arrays)
-        else:
-            with self._guard("forward pass (all_sum inside sharded layers)"):
-                mx.eval(arrays)
+
+    def _guarded(self) -> AbstractContextManager:
+        """The collective watchdog around an evaluation (nothing when there is none)."""
+        if self._guard is None:
+            return nullcontext()
+        return self._guard("forward pass (all_sum inside sharded layers)")
 
     def _join(self, entries: list[_Prefill], cache: list | None) -> None:
         """Move finished prompts into the decode batch (cache: their batch cache, if any)."""
