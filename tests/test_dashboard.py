@@ -96,7 +96,13 @@ def test_the_chat_panel_asks_for_the_key_once_and_streams(stack) -> None:
     alert = wait(browser, expected_conditions.alert_is_present())
     alert.send_keys(KEY)
     alert.accept()
-    wait(browser, lambda b: b.find_elements(By.ID, "chat-output"))
+    # deltas first, then the end: the send button may still be enabled for a moment after
+    # the output appears (a CI run read an empty answer that way)
+    wait(
+        browser,
+        lambda b: int(b.find_element(By.ID, "chat-output").get_attribute("data-chunks") or 0) >= 2,
+        timeout=60,
+    )  # noqa: E501
     wait(browser, lambda b: b.find_element(By.ID, "chat-send").is_enabled(), timeout=60)
     final = browser.find_element(By.ID, "chat-output")
     assert "error" not in (final.get_attribute("class") or ""), final.text
