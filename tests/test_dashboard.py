@@ -102,7 +102,7 @@ def test_the_chat_panel_asks_for_the_key_once_and_streams(stack) -> None:
         browser,
         lambda b: int(b.find_element(By.ID, "chat-output").get_attribute("data-chunks") or 0) >= 2,
         timeout=60,
-    )  # noqa: E501
+    )
     wait(browser, lambda b: b.find_element(By.ID, "chat-send").is_enabled(), timeout=60)
     final = browser.find_element(By.ID, "chat-output")
     assert "error" not in (final.get_attribute("class") or ""), final.text
