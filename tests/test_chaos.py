@@ -187,21 +187,21 @@ def _kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
     return lambda: os.kill(pid, sig)
 
 
-def test_sigkill_of_a_worker_rank(chaos: Chaos) -> None:
-    victim = chaos.pid("rank-1.pid")
-    row, state = _fault_on_the_ranks(chaos, "SIGKILL of a worker (rank 1)", _kill(victim), [victim])
+@pytest.mark.parametrize(
+    ("rank", "name", "own_exit"),
+    [
+        # mlx.launch's own line (killed by signal 9) may come after the job was ended
+        (1, "SIGKILL of a worker (rank 1)", "rank 1 exited"),
+        (0, "SIGKILL of rank 0", "this rank exits"),
+    ],
+    ids=["worker", "rank_0"],
+)
+def test_sigkill_of_a_rank(chaos: Chaos, rank: int, name: str, own_exit: str) -> None:
+    victim = chaos.pid(f"rank-{rank}.pid")
+    row, state = _fault_on_the_ranks(chaos, name, _kill(victim), [victim])
     assert row.detected_s < 10
-    # mlx.launch's own line (killed by signal 9) may come after the job was ended
     reason = state.history[-1].reason
-    assert "rank 1 was killed by signal 9" in reason or "rank 1 exited" in reason, reason
-
-
-def test_sigkill_of_rank_0(chaos: Chaos) -> None:
-    victim = chaos.pid("rank-0.pid")
-    row, state = _fault_on_the_ranks(chaos, "SIGKILL of rank 0", _kill(victim), [victim])
-    assert row.detected_s < 10
-    reason = state.history[-1].reason
-    assert "rank 0 was killed by signal 9" in reason or "this rank exits" in reason, reason
+    assert f"rank {rank} was killed by signal 9" in reason or own_exit in reason, reason
 
 
 def test_sigkill_of_mlx_launch(chaos: Chaos) -> None:
