@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +25,6 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-START_ATTEMPTS = 3
 
 
 def browser_missing() -> str | None:
@@ -39,26 +37,20 @@ def browser_missing() -> str | None:
 
 @contextmanager
 def headless_chromium(width: int = 1300, height: int = 1400) -> Iterator[webdriver.Chrome]:
-    """A headless chromium; a start that fails is tried again, then fails with
-    chromedriver's log."""
+    """A headless chromium; a start that fails says so with chromedriver's log."""
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     log = Path(profile) / "chromedriver.log"
-    driver = None
     try:
-        for attempt in range(START_ATTEMPTS):
-            try:
-                driver = _start(width, height, Path(profile) / f"data-{attempt}", log)
-                break
-            except WebDriverException as error:
-                if attempt + 1 == START_ATTEMPTS:
-                    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                    raise RuntimeError(f"chromium did not start: {error.msg}\n{tail}") from None
-                time.sleep(2)
-        assert driver is not None
-        yield driver
-    finally:
-        if driver is not None:
+        try:
+            driver = _start(width, height, Path(profile) / "data", log)
+        except WebDriverException as error:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise RuntimeError(f"chromium did not start: {error.msg}\n{tail}") from None
+        try:
+            yield driver
+        finally:
             driver.quit()
+    finally:
         shutil.rmtree(profile, ignore_errors=True)
 
 
