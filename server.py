@@ -28,6 +28,7 @@ from distributed.loader import ModelLoadError, install_eval_guard, load_for_rank
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
+from engine import cpu_attention
 from engine.batch_engine import BatchEngine, PlanMismatchError
 from engine.constraints import GrammarTokens
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
@@ -95,6 +96,8 @@ def main(settings: Settings) -> int:
     log.info(
         "rank %d of %d on %s (backend %s)", ident.rank, ident.world_size, ident.host, ident.backend
     )
+    if cpu_attention.install():
+        log.debug("attention: grouped-query kernel for MLX's CPU backend (engine/cpu_attention.py)")
     watchdog = CollectiveWatchdog(settings.collective_timeout_seconds)
     broadcaster = Broadcaster(group, watchdog)
     # Every rank installs it, so the sync points it adds match across ranks.
