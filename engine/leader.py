@@ -13,6 +13,8 @@ import queue
 import time
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+
 from config import Settings
 from distributed.broadcast import Broadcaster
 from distributed.group import RankIdentity
@@ -97,6 +99,11 @@ class Leader:
     counters: Counters = field(default_factory=Counters)
     last_work: float = field(default_factory=time.monotonic)  # the last step (keep-warm timer)
     sleeping: bool = True  # the workers wait on the wake channel
+    # On MLX's CPU backend `engine.start` computes most of the step before it returns
+    # (`build` is 80% of the step, bench/step_time.py), so text streamed after it reached
+    # the clients a step late: a later agent turn's first token waited 90-120 ms for the
+    # next step's build. There the text goes out first; on a GPU, while the step computes.
+    stream_before_start: bool = field(default_factory=lambda: mx.default_device() == mx.cpu)
 
     # ---- reports -----------------------------------------------------------------
 
@@ -217,9 +224,13 @@ class Leader:
             self._stream()
             return
         planned = time.perf_counter()
+        if self.stream_before_start:
+            self._stream()  # the previous step's text
+        streamed_first = time.perf_counter()
         step = engine.start(scheduler.sampling_rows)
         launched = time.perf_counter()
-        self._stream()  # the previous step's text, while this step computes
+        if not self.stream_before_start:
+            self._stream()  # the previous step's text, while this step computes
         streamed = time.perf_counter()
         result = step.wait()
         computed = time.perf_counter()
@@ -234,7 +245,7 @@ class Leader:
         self.last_step_ms = (done - started) * 1000
         if log.isEnabledFor(logging.DEBUG):
             after = (self.broadcaster.collective_seconds, self._forward_collectives())
-            times = (started, planned, launched, streamed, computed, done)
+            times = (started, planned, streamed_first, launched, streamed, computed, done)
             self._log_step(plan, result.prefill_tokens, times, before, after)
 
     def _keep_warm_wait(self) -> float | None:
@@ -257,7 +268,7 @@ class Leader:
         before: tuple[float, tuple[float, int]],
         after: tuple[float, tuple[float, int]],
     ) -> None:
-        started, planned, launched, streamed, computed, done = times
+        started, planned, streamed_first, launched, streamed, computed, done = times
         log.debug(
             "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
             "%.2f (all_sum %.2f) + build %.2f + stream %.2f + wait %.2f (all_sum %.2f in %d) "
@@ -268,8 +279,8 @@ class Leader:
             (done - started) * 1000,
             (planned - started) * 1000,
             (after[0] - before[0]) * 1000,
-            (launched - planned) * 1000,
-            (streamed - launched) * 1000,
+            (launched - streamed_first) * 1000,
+            (streamed_first - planned + streamed - launched) * 1000,
             (computed - streamed) * 1000,
             (after[1][0] - before[1][0]) * 1000,
             after[1][1] - before[1][1],
