@@ -40,10 +40,6 @@ MODELS: dict[str, tuple[str, int | None, str]] = {
 MODELS["gpt_oss_mxfp4"] = ("gpt_oss", 4, "mxfp4")
 MODELS["gpt_oss_hf_mxfp4"] = ("gpt_oss", 4, "hf-mxfp4")  # as gpt-oss ships: only experts mxfp4
 MODELS |= {f"{family}_f32": (family, None, "affine") for family in MLX_LM_CONFIGS}
-# Three ranks on this machine's two cores take turns at every collective (about 5 s a case):
-# at 3 ranks, the 4-bit models run where quantization takes its own path through the split
-# (uneven expert and MLP groups, attention whole for mixtral, MLA's multi-linears, mxfp4).
-THREE_RANK_QUANTIZED = {"qwen3_moe_q4", "mixtral_q4", "deepseek_v3_q4", "gpt_oss_mxfp4"}
 
 
 def _family(case: Case) -> str:
@@ -62,7 +58,6 @@ CASES = [
             Case(model, 3, "tensor", [2, 1, 1], "tensor-uneven"),
         )
     )
-    if case.ranks < 3 or model.endswith("_f32") or model in THREE_RANK_QUANTIZED
 ]
 
 
