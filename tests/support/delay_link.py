@@ -58,7 +58,6 @@ class DelayedLink:
             self.kind = "tc netem"
             return self
         self.kind = f"user-space delay line (tc netem: {netem.stderr.strip()})"
-        _ip("link", "set", self._worker_side, "nomaster")
         _ip("link", "add", self._bridge_side, "type", "veth", "peer", "name", self._relay_side)
         _ip("link", "set", self._bridge_side, "master", BRIDGE, "up")
         _ip("link", "set", self._relay_side, "up")
@@ -67,7 +66,18 @@ class DelayedLink:
             [sys.executable, "-m", "tests.support.delay_link"]
             + [self._worker_side, self._relay_side, str(self.delay_s)],
             cwd=root,
+            stdout=subprocess.PIPE,
         )
+        # The worker leaves the bridge only once the relay moves its frames: taken off first,
+        # its link was down while the relay's Python started (seconds on 2 busy cores), TCP
+        # backed off past COLLECTIVE_TIMEOUT_SECONDS and a CI run's ranks stopped.
+        assert self._relay.stdout is not None
+        ready = selectors.DefaultSelector()
+        ready.register(self._relay.stdout, selectors.EVENT_READ)
+        if not ready.select(60) or self._relay.stdout.readline().strip() != b"ready":
+            self.__exit__()
+            raise RuntimeError("the delay line's relay did not start within 60 s")
+        _ip("link", "set", self._worker_side, "nomaster")
         return self
 
     @property
@@ -106,6 +116,7 @@ def relay(worker_side: str, bridge_side: str, delay_s: float) -> None:
         selector.register(sock, selectors.EVENT_READ, name)
     pending: list[tuple[float, int, bytes]] = []  # (due, order, frame) towards the bridge
     order = itertools.count()
+    print("ready", flush=True)
     while True:  # until SIGTERM ends the process
         timeout = max(0.0, pending[0][0] - time.monotonic()) if pending else None
         for key, _ in selector.select(timeout):
