@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model
 
-from engine.batch_caches import merged
 from engine.cpu_attention import _mlx_attention, grouped_attention
+from tests.support.logits_probe import decode_in_batch
 from tests.support.tiny_families import CONFIGS, MLX_LM_CONFIGS, write_family_model
 
 # (batch, query heads, KV heads, queries, keys, key dims, value dims): grouped, multi-head,
@@ -66,24 +66,6 @@ def test_an_unknown_mask_name_is_refused() -> None:
 FAMILIES = sorted(CONFIGS) + sorted(MLX_LM_CONFIGS)
 
 
-def _run(model, prompts: list[list[int]], steps: int) -> list[mx.array]:
-    """Each prompt prefilled alone, then `steps` greedy steps of the batch (as the engine)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    caches, logits = [], []
-    for prompt in prompts:
-        cache = make_prompt_cache(model)
-        logits.append(model(mx.array([prompt]), cache=cache)[:, -1, :])
-        caches.append(cache)
-    outputs = [mx.concatenate(logits)]
-    batch = merged(caches)
-    for _ in range(steps):
-        tokens = mx.argmax(outputs[-1], axis=-1)[:, None]
-        outputs.append(model(tokens, cache=batch)[:, -1, :])
-    mx.eval(outputs)
-    return outputs
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_gives_mlx_logits(
     family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -91,8 +73,10 @@ def test_every_family_gives_mlx_logits(
     model, _ = load_model(write_family_model(tmp_path / family, family))
     prompts = [list(range(40, 75)), list(range(90, 102))]
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", _mlx_attention)
-    want = _run(model, prompts, 4)
+    prefilled, stepped = decode_in_batch(model, prompts, 4)
+    want = [prefilled, *stepped]
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", grouped_attention)
-    got = _run(model, prompts, 4)
+    prefilled, stepped = decode_in_batch(model, prompts, 4)
+    got = [prefilled, *stepped]
     for step, (a, b) in enumerate(zip(got, want, strict=True)):
         assert mx.abs(a - b).max().item() < 1e-4, f"step {step}"

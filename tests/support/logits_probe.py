@@ -55,6 +55,29 @@ def _agree(tokens: mx.array, group) -> mx.array:
     return mx.distributed.all_sum(mine, group=group)
 
 
+def decode_in_batch(
+    model, sequences: list[list[int]], steps: int, agree=lambda tokens: tokens
+) -> tuple[mx.array, list[mx.array]]:
+    """Each sequence prefilled alone, their caches merged into batch caches, then `steps`
+    greedy steps of the batch, as the engine does: the prefills' last-position logits and
+    each step's. `agree` makes the ranks take rank 0's tokens."""
+    # Several forward calls, one eval at the end: the engine's step does the same.
+    singles = [make_prompt_cache(model) for _ in sequences]
+    rows = [
+        model(mx.array(sequence)[None], cache=seq_cache)[:, -1, :]
+        for sequence, seq_cache in zip(sequences, singles, strict=True)
+    ]
+    prefilled = logits = mx.concatenate(rows, axis=0).astype(mx.float32)
+    mx.eval(logits, [c.state for seq_cache in singles for c in seq_cache])
+    batch = merged(singles)
+    stepped = []
+    for _ in range(steps):
+        token = agree(mx.argmax(logits, axis=-1).astype(mx.int32))
+        logits = _last(model, token[:, None], batch)
+        stepped.append(logits)
+    return prefilled, stepped
+
+
 def run_case(case: dict, spec: dict, group, out: Path) -> None:
     model_dir = Path(case["model"])
     config = json.loads((model_dir / "config.json").read_text())
@@ -102,20 +125,9 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     left_pad(batch_cache, padding)
     padded_logits = _last(model, padded, batch_cache)
 
-    # Several forward calls, one eval at the end: the engine's step does the same.
-    singles = [make_prompt_cache(model) for _ in sequences]
-    rows = [
-        model(mx.array(sequence)[None], cache=seq_cache)[:, -1, :]
-        for sequence, seq_cache in zip(sequences, singles, strict=True)
-    ]
-    logits = mx.concatenate(rows, axis=0).astype(mx.float32)
-    mx.eval(logits, [c.state for seq_cache in singles for c in seq_cache])
-    batch = merged(singles)
-    batch_logits = []
-    for _ in range(spec["batch_steps"]):
-        token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
-        logits = _last(model, token[:, None], batch)
-        batch_logits.append(logits)
+    _, batch_logits = decode_in_batch(
+        model, sequences, spec["batch_steps"], lambda tokens: _agree(tokens, group)
+    )
 
     info["load_s"] = round(loaded - started, 2)
     info["run_s"] = round(time.perf_counter() - loaded, 2)
