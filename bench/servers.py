@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -15,6 +14,7 @@ import httpx
 
 from bench.loadgen import Endpoint
 from launcher.command import ROOT, VENV_BIN, Job, blas_preload, blas_threads
+from launcher.hostfile import random_free_port_run
 
 PY = VENV_BIN / "python"
 
@@ -27,20 +27,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def free_port_range(count: int) -> int:
-    """A random start in 20000-60000 with `count` consecutive free ports."""
-    for _ in range(200):
-        start = random.randint(20000, 60000 - count)
-        try:
-            for port in range(start, start + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return start
-    raise RuntimeError("no free port range for the ring backend")
 
 
 class BenchRefused(RuntimeError):
@@ -244,7 +230,7 @@ class Peer:
             return [str(PY), *server]
         # quiet: each rank's stdin is /dev/null, so mlx.launch can stop relaying it
         python = ["/bin/sh", "-c", 'exec "$0" "$@" </dev/null', str(PY)] if self.quiet else None
-        job = Job(program=server, port=free_port_range(self.ranks), ranks=self.ranks)
+        job = Job(program=server, port=random_free_port_run(self.ranks), ranks=self.ranks)
         blas = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
         job.rank_env = {k: self.env[k] for k in blas if k in self.env}
         if python:

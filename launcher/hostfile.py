@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import random
 import socket
 import sys
 from pathlib import Path
@@ -151,6 +152,30 @@ def free_port_run(count: int, start: int = 20000, stop: int = 60000) -> int:
         else:
             return port
     raise HostfileError(f"no {count} consecutive free ports between {start} and {stop}")
+
+
+def random_free_port_run(count: int) -> int:
+    """A random start of `count` consecutive free ports below the ephemeral range.
+
+    For jobs started side by side (tests, benchmarks): a random start keeps two from
+    drawing the same ports, and staying under the kernel's ephemeral range keeps an
+    outgoing connection's port from taking a rank's port between this check and its
+    bind (a CI run lost a cluster to "[ring] Couldn't bind socket (error: 98)").
+    """
+    stop = _ephemeral_start()
+    for _ in range(200):
+        start = random.randint(20000, stop - count)
+        if all(_port_free(port) for port in range(start, start + count)):
+            return start
+    raise HostfileError(f"no {count} consecutive free ports between 20000 and {stop}")
+
+
+def _ephemeral_start() -> int:
+    """The first port the kernel hands to outgoing connections (Linux; else 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _port_free(port: int) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
 import subprocess
 import tempfile
@@ -23,10 +22,14 @@ from ipc.client import ClientError, RankClient, get_status, wait_ready
 from ipc.protocol import Shutdown, Status
 from launcher.command import ROOT as PROJECT_DIR
 from launcher.command import Job, blas_preload, blas_threads
+from launcher.hostfile import random_free_port_run
 
 
 class ClusterError(Exception):
     """The ranks did not come up; the message carries the log tail."""
+
+
+_BIND_FAILED = "Couldn't bind socket"  # MLX ring backend, when a rank's port is taken
 
 
 class _EndedEarly(ClusterError):
@@ -85,13 +88,15 @@ class Cluster:
                 return self._start_once()
             except _EndedEarly as exc:
                 # Our ranks log ERROR for real problems (bad model, settings); no retry.
-                if attempt == attempts or " ERROR " in str(exc) or "error:" in str(exc):
+                # A port taken between our check and the ring's bind is retried.
+                refused = " ERROR " in str(exc) or "error:" in str(exc)
+                if attempt == attempts or (refused and _BIND_FAILED not in str(exc)):
                     raise
                 self.kill()
         raise AssertionError("unreachable")
 
     def _start_once(self) -> Status:
-        self.port = random.randint(20000, 60000 - self.ranks)
+        self.port = random_free_port_run(self.ranks)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()  # a stale socket would trigger the nudge too early
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()

@@ -18,6 +18,7 @@ from launcher.hostfile import (
     HostfileError,
     build_hosts,
     free_port_run,
+    random_free_port_run,
     render,
     worker_destinations,
 )
@@ -85,6 +86,17 @@ def test_jaccl_takes_rdma_devices_from_the_distributed_config_file(tmp_path: Pat
     )
     entries = build_hosts(settings, rdma_file=rdma)
     assert [e.rdma for e in entries] == [[None, "rdma_en3"], ["rdma_en3", None]]
+
+
+def test_random_free_port_run_stays_below_the_ephemeral_range() -> None:
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    starts = {random_free_port_run(3) for _ in range(20)}
+    assert len(starts) > 1  # random, so side-by-side jobs rarely draw the same ports
+    for start in starts:
+        assert 20000 <= start and start + 3 <= ephemeral
+        for port in range(start, start + 3):
+            with socket.socket() as probe:
+                probe.bind(("0.0.0.0", port))
 
 
 def test_free_port_run_returns_consecutive_free_ports() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import subprocess
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from launcher.command import ROOT as PROJECT_DIR
 from launcher.command import VENV_BIN, Job, blas_preload, blas_threads
+from launcher.hostfile import random_free_port_run
 
 PROBE = PROJECT_DIR / "tests" / "support" / "logits_probe.py"
 
@@ -63,7 +63,7 @@ def run_probe(spec: dict, out: Path, ranks: int, timeout: float) -> None:
     program = [str(PROBE), str(spec_path), str(out)]
     command = [str(VENV_BIN / "python"), *program]
     if ranks > 1:
-        port = random.randint(20000, 60000 - ranks)
+        port = random_free_port_run(ranks)
         command = Job(program=program, port=port, ranks=ranks).argv()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
