@@ -93,7 +93,7 @@ def test_random_free_port_run_stays_below_the_ephemeral_range() -> None:
     starts = {random_free_port_run(3) for _ in range(20)}
     assert len(starts) > 1  # random, so side-by-side jobs rarely draw the same ports
     for start in starts:
-        assert 20000 <= start and start + 3 <= ephemeral
+        assert start >= 20000 and start + 3 <= ephemeral
         for port in range(start, start + 3):
             with socket.socket() as probe:
                 probe.bind(("0.0.0.0", port))
