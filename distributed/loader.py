@@ -19,7 +19,7 @@ from acquisition.source import ModelSourceError, resolve_model, served_names
 from config import Settings
 from distributed.expert_parallel import EvalGuard, LocalExperts
 from distributed.hosts import RankHost, gather_hosts
-from distributed.pipeline import PipelineStage
+from distributed.pipeline import MlxLmPipeline, PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
 from distributed.tensor_parallel import shard_model
 
@@ -69,7 +69,7 @@ def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
     parts = [model] + [module for _, module in model.named_modules()]
     count = 0
     for part in parts:
-        if isinstance(part, PipelineStage | LocalExperts):
+        if isinstance(part, PipelineStage | MlxLmPipeline | LocalExperts):
             part.eval_guard = guard
             count += 1
     return count
@@ -96,6 +96,18 @@ def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
     _evaluate_each(model)
 
 
+def split_model(model: nn.Module, plan: Plan, group: mx.distributed.Group) -> nn.Module:
+    """The part of lazily loaded `model` that `group`'s rank holds under `plan` (only the
+    sharders and stages read the group's rank and size, so a stand-in group serves too)."""
+    if plan.is_tensor:
+        return shard_model(model, plan, group)
+    if plan.strategy == "pipeline" and plan.via_mlx_lm:
+        return MlxLmPipeline(model, plan, group)
+    if plan.strategy == "pipeline":
+        return PipelineStage(model, plan, group)
+    return model
+
+
 def load_rank_model(
     model_dir: Path, group: mx.distributed.Group, plan: Plan, progress: Progress | None = None
 ) -> nn.Module:
@@ -115,10 +127,7 @@ def load_rank_model(
         log.info(line.strip())
     started = time.perf_counter()
     model, _ = load_model(model_dir, lazy=True)
-    if plan.is_tensor:
-        model = shard_model(model, plan, group)
-    elif plan.strategy == "pipeline":
-        model = PipelineStage(model, plan, group)
+    model = split_model(model, plan, group)
     _materialize(model, progress)
     log.info(
         "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s",

@@ -43,19 +43,13 @@ def predict_weight_bytes(model_dir: Path, plan: Plan, ranks: list[int] | None = 
     headers alone."""
     from mlx_lm.utils import load_model
 
-    from distributed.loader import weight_bytes
-    from distributed.pipeline import PipelineStage
-    from distributed.tensor_parallel import shard_model
+    from distributed.loader import split_model, weight_bytes
 
     out = []
     for rank in range(plan.world_size) if ranks is None else ranks:
         model, _ = load_model(Path(model_dir), lazy=True)
         group = StandInGroup(rank, plan.world_size)
-        if plan.is_tensor:
-            model = shard_model(model, plan, group)  # type: ignore[arg-type]
-        elif plan.strategy == "pipeline":
-            model = PipelineStage(model, plan, group)  # type: ignore[arg-type]
-        out.append(weight_bytes(model))
+        out.append(weight_bytes(split_model(model, plan, group)))  # type: ignore[arg-type]
     return out
 
 
@@ -85,7 +79,7 @@ def kv_bytes(plan: Plan, element_bytes: int) -> list[tuple[int, int]]:
     out = []
     for share in plan.ranks:
         groups = share.kv_heads[1] - share.kv_heads[0]
-        if plan.via_mlx_lm:
+        if plan.via_mlx_lm and plan.is_tensor:
             groups = s.num_kv_heads // plan.world_size
         per_layer = (groups * s.kv_elements_per_group + s.kv_elements_shared) * element_bytes
         local = range(*share.layers)

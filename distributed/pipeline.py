@@ -9,6 +9,11 @@ to which rank 0 applies the tied embedding head. Every rank returns logits shape
 forward (distributed/families): one shared mask, one per window kind (sliding-window layers
 keep a RotatingKVCache), or a boolean array (deepseek_v3's MLA applies it with mx.where).
 
+Families that mlx-lm splits itself (families/mlx_lm_sharded.py) run mlx-lm's own
+`model.model.pipeline(group, split)` instead (MlxLmPipeline): the family's forward keeps
+its own masks and caches; the last rank runs the first layers, rank 0 the last ones, and
+every rank gets rank 0's hidden state through an all_gather and applies the head.
+
 Each call evaluates its own sends and receives before it returns. Ranks run different
 graphs, and a point-to-point stream carries no message boundaries: if a caller queued
 several lazy calls (a decode step and prefill chunks) and evaluated them together, the
@@ -24,7 +29,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from distributed.families import registered
 from distributed.plan import Plan
@@ -90,11 +95,7 @@ class PipelineStage(nn.Module):
         return self.lm_head(h)
 
     def _eval(self, array: mx.array, what: str) -> None:
-        if self.eval_guard is None:
-            mx.eval(array)
-        else:
-            with self.eval_guard(what):
-                mx.eval(array)
+        _evaluate(array, self.eval_guard, what)
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         batch, length = inputs.shape[:2]
@@ -126,3 +127,42 @@ class PipelineStage(nn.Module):
         logits = self._head(back.astype(self.hidden_dtype)) if self.tied else back
         self._eval(logits, "pipeline receive from the last stage")
         return logits
+
+
+class MlxLmPipeline(nn.Module):
+    """This rank's layers of a family split by mlx-lm's own pipeline(), called like an
+    mlx-lm model: returns the last position's logits [B, 1, V], correct on every rank."""
+
+    def __init__(self, model: nn.Module, plan: Plan, group: mx.distributed.Group):
+        super().__init__()
+        if not plan.via_mlx_lm or plan.strategy != "pipeline":
+            raise ValueError(f"not a plan for mlx-lm's pipeline(): {plan.strategy}")
+        if group.size() != plan.world_size:
+            raise ValueError(f"a plan for {plan.world_size} ranks, the group has {group.size()}")
+        counts = [end - start for start, end in (share.layers for share in plan.ranks)]
+        model.model.pipeline(group, split=counts)
+        self.wrapped = model
+        self.eval_guard: Callable[[str], AbstractContextManager] | None = None
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.wrapped.layers
+
+    def make_cache(self) -> list[Any]:
+        return make_prompt_cache(self.wrapped)
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
+        # As in PipelineStage: the tokens first (they may come from rank 0's broadcast), then
+        # this call's receive, send and all_gather, before another call queues its own.
+        _evaluate(inputs, self.eval_guard, "pipeline input")
+        logits = self.wrapped(inputs, cache=cache)[:, -1:, :]
+        _evaluate(logits, self.eval_guard, "pipeline step")
+        return logits
+
+
+def _evaluate(array: mx.array, guard: Callable[[str], AbstractContextManager] | None, what: str):
+    if guard is None:
+        mx.eval(array)
+    else:
+        with guard(what):
+            mx.eval(array)

@@ -71,7 +71,7 @@ class Plan(BaseModel):
     split_heads: bool = False  # tensor: attention by heads (else whole on every rank)
     split_experts: bool = False  # tensor: MoE layers by expert
     split_vocab: bool = False  # tensor: embeddings and head by vocabulary rows
-    via_mlx_lm: bool = False  # tensor through mlx-lm's own Model.shard()
+    via_mlx_lm: bool = False  # through mlx-lm's own Model.shard() or model.pipeline()
     note: str = ""  # why auto chose this strategy, or what stays whole
 
     @property
@@ -100,6 +100,8 @@ class Plan(BaseModel):
         s = self.shape
         quant = f"{s.bits}-bit {s.quant_mode}, group {s.group_size}" if s.quantized else "float"
         kind = f" by {self.split_parts}" if self.is_tensor else ""
+        if self.strategy == "pipeline" and self.via_mlx_lm:
+            kind = " through mlx-lm's pipeline() (last layers on rank 0)"
         moe = ""
         if s.is_moe:
             moe = (
@@ -147,7 +149,7 @@ class Plan(BaseModel):
         head = "head"
         if not self.is_tensor and s.tie_word_embeddings and self.world_size > 1:
             head = "tied head (on the final hidden state from the last stage)"
-        final_norm = not self.is_tensor and r.rank == self.world_size - 1
+        final_norm = not self.is_tensor and (self.via_mlx_lm or r.rank == self.world_size - 1)
         parts_on = (("embeddings", r.embeddings), ("final norm", final_norm), (head, r.head))
         extras = [name for name, on in parts_on if on and not self.split_vocab]
         return body + (" + " + " + ".join(extras) if extras else "")
@@ -225,7 +227,7 @@ def make_plan(
         # parallel: a decode step of the default model took 428 ms with 3 local ranks on
         # 2 cores, 124 ms pipeline parallel.
         name, count, cores = crowded
-        plan = _pipeline_plan(shape, world_size, weights, parallelism)
+        plan = _pipeline_plan(shape, world_size, weights, parallelism, family.via_mlx_lm)
         plan.note = (
             f"{count} local ranks on {cores} cores of {name}: pipeline parallel "
             "(PARALLELISM=tensor to override)"
@@ -235,7 +237,7 @@ def make_plan(
         if family.via_mlx_lm:
             return _mlx_lm_plan(shape, world_size, weights, parallelism)
         return _tensor_plan(shape, world_size, weights, parallelism)
-    return _pipeline_plan(shape, world_size, weights, parallelism)
+    return _pipeline_plan(shape, world_size, weights, parallelism, family.via_mlx_lm)
 
 
 def _plan(
@@ -377,7 +379,11 @@ def _spans_or_none(counts: list[int], world: int) -> list[Span]:
     return spans(counts) if sum(counts) else [(0, 0)] * world
 
 
-def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: str) -> Plan:
+def _pipeline_plan(
+    shape: ModelShape, world: int, weights: list[float], asked: str, via_mlx_lm: bool
+) -> Plan:
+    if via_mlx_lm:
+        return _mlx_lm_pipeline_plan(shape, world, weights, asked)
     layers = split(shape.num_layers, weights)
     last = world - 1
     # A tied head is the embedding matrix, which rank 0 already holds: it applies the head
@@ -385,6 +391,16 @@ def _pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: s
     head_rank = 0 if shape.tie_word_embeddings else last
     ranks = [_whole(shape, r, weights[r], layers[r], r == 0, r == head_rank) for r in range(world)]
     return _plan("pipeline", asked, shape, weights, ranks)
+
+
+def _mlx_lm_pipeline_plan(shape: ModelShape, world: int, weights: list[float], asked: str):
+    """mlx-lm's own `pipeline(group, split)`: the layer counts follow the weights, but the
+    last rank runs the first layers and rank 0 the last; every rank embeds the tokens and
+    applies the final norm and head (after an all_gather of rank 0's hidden state)."""
+    counts = [end - start for start, end in split(shape.num_layers, weights)]
+    layers = spans(counts[::-1])[::-1]
+    ranks = [_whole(shape, r, weights[r], layers[r], True, True) for r in range(world)]
+    return _plan("pipeline", asked, shape, weights, ranks, via_mlx_lm=True)
 
 
 def fits(

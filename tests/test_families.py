@@ -4,6 +4,7 @@ and docs/MODELS.md generated from the registry."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from distributed.hosts import RankHost
 from distributed.memory import DoesNotFit, kv_bytes
 from distributed.plan import PlanError, fits, make_plan
 from launcher.plan_check import check
-from tests.support.tiny_families import write_family_model
+from tests.support.tiny_families import MLX_LM_CONFIGS, mlx_lm_module, write_family_model
 
 QWEN3_30B_A3B = {
     "model_type": "qwen3_moe",
@@ -95,6 +96,40 @@ def test_every_model_type_belongs_to_one_family() -> None:
         assert all(registered(t) is family for t in family.model_types)
     assert registered("kimi_k2") is registered("deepseek_v3")
     assert registered("gemma3") is None
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.via_mlx_lm], ids=lambda f: f.name)
+def test_mlx_lm_families_claim_a_pipeline_exactly_where_mlx_lm_has_one(family) -> None:
+    config = copy.deepcopy(MLX_LM_CONFIGS[family.name])
+    config.get("text_config", config).setdefault("vocab_size", 256)
+    module = mlx_lm_module(config["model_type"])
+    model = module.Model(module.ModelArgs.from_dict(config))
+    assert ("pipeline" in family.splits) == hasattr(model.model, "pipeline")
+
+
+def test_mlx_lm_pipeline_sizes_layers_by_weight_last_layers_on_rank_zero() -> None:
+    qwen3_5 = {
+        "model_type": "qwen3_5",
+        "text_config": {
+            **QWEN3_30B_A3B,
+            "model_type": "qwen3_5_text",
+            "full_attention_interval": 4,
+        },
+    }
+    plan = make_plan(qwen3_5, 3, [2, 1, 1], "pipeline")
+    assert plan.strategy == "pipeline" and plan.via_mlx_lm
+    assert [r.layers for r in plan.ranks] == [(24, 48), (12, 24), (0, 12)]
+    assert all(r.embeddings and r.head for r in plan.ranks)  # mlx-lm embeds and heads on all
+    per_layer = 4 * 2 * 128 * 2  # every KV head of each local layer (bf16 keys and values)
+    assert [per_token for per_token, _ in kv_bytes(plan, 2)] == [
+        24 * per_layer,
+        12 * per_layer,
+        12 * per_layer,
+    ]
+    assert "through mlx-lm's pipeline()" in plan.describe()[0]
+    assert make_plan(qwen3_5, 2, None, "tensor").strategy == "tensor-even"
+    with pytest.raises(PlanError, match="step3p5 has no pipeline split"):
+        make_plan({**MLX_LM_CONFIGS["step3p5"]}, 2, None, "pipeline")
 
 
 def test_models_doc_table_is_generated_from_the_registry() -> None:

@@ -3,12 +3,13 @@
 Tiny random models of each family (float32 and 4-bit; mxfp4 for gpt_oss, also in the
 layout its Hugging Face checkpoints ship: mxfp4 expert blocks, the rest float) run through
 tests/support/logits_probe.py: one reference process, one 2-rank launch (auto, which is
-tensor + expert parallel, and pipeline; the families split by mlx-lm's shard(): even tensor)
-and one 3-rank launch (tensor + expert parallel with weights 2,1,1). Each case must give
-rank 0 the reference's logits (1e-4 float32, 1e-3 quantized) and the same 32 greedy tokens;
-a request decoded in a batch must equal it decoded alone; every rank's weight bytes and KV
-bytes per token must equal what the planner predicted from the headers; the tiny MoE's
-ranks must hold their weighted share.
+tensor + expert parallel, and pipeline; the families split by mlx-lm's shard(): even tensor,
+and mlx-lm's pipeline() where the family has one) and one 3-rank launch (tensor + expert
+parallel with weights 2,1,1; qwen3_5's four layers by mlx-lm's pipeline(), 2,1,1). Each
+case must give rank 0 the reference's logits (1e-4 float32, 1e-3 quantized) and the same 32
+greedy tokens; a request decoded in a batch must equal it decoded alone; every rank's weight
+bytes and KV bytes per token must equal what the planner predicted from the headers; the
+tiny MoE's ranks must hold their weighted share.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from distributed.families import registered
 from launcher.local_cluster import Cluster
 from tests.support.probe_runner import Case, run_probe
 from tests.support.tiny_families import CONFIGS, MLX_LM_CONFIGS, PLAIN_KV, write_family_model
@@ -46,11 +48,21 @@ def _family(case: Case) -> str:
     return MODELS[case.model][0]
 
 
+def _mlx_lm_cases(model: str, family: str) -> tuple[Case, ...]:
+    cases = (Case(model, 2, "tensor", None, "tensor-even"),)
+    if family in PIPELINED:
+        cases += (Case(model, 2, "pipeline", None, "pipeline"),)
+    if family == "qwen3_5":
+        cases += (Case(model, 3, "pipeline", [2, 1, 1], "pipeline"),)
+    return cases
+
+
+PIPELINED = {f for f in MLX_LM_CONFIGS if "pipeline" in getattr(registered(f), "splits", ())}
 CASES = [
     case
     for model, (family, _, _) in MODELS.items()
     for case in (
-        (Case(model, 2, "tensor", None, "tensor-even"),)
+        _mlx_lm_cases(model, family)
         if family in MLX_LM_CONFIGS
         else (
             Case(model, 2, "auto", None, "tensor-even"),
@@ -136,7 +148,14 @@ def test_tiny_moe_ranks_hold_their_weighted_share(results: dict[int, Path], mode
         assert count <= SHARE_LIMIT * share, (held, single)
 
 
-# ---- the real server on an MoE family ----------------------------------------------------
+# ---- the real server on an MoE family and on mlx-lm's pipeline() -------------------------
+
+SERVER_ENV = {
+    "MAX_BATCH_SIZE": "4",
+    "PREFILL_CHUNK_SIZE": "16",
+    "MAX_SEQUENCE_LENGTH": "512",
+    "DEFAULT_MAX_TOKENS": "64",
+}
 
 
 @pytest.fixture(scope="module")
@@ -148,21 +167,36 @@ def moe_server(tmp_path_factory: pytest.TempPathFactory):
     weights = mx.load(str(path))
     weights["lm_head.weight"][256:] = 0.0
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
-    env = {
-        "MAX_BATCH_SIZE": "4",
-        "PREFILL_CHUNK_SIZE": "16",
-        "MAX_SEQUENCE_LENGTH": "512",
-        "DEFAULT_MAX_TOKENS": "64",
-    }
-    with Cluster(directory, ranks=2, env=env) as running:
+    with Cluster(directory, ranks=2, env=SERVER_ENV) as running:
         yield running
 
 
 def test_the_server_batches_cancels_and_caches_prefixes_on_an_moe_family(moe_server) -> None:
     plan = moe_server.status().plan
     assert plan["split_experts"] and plan["split_heads"] and plan["split_vocab"]
+    _batches_cancels_and_caches(moe_server)
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_pipeline_server(tmp_path_factory: pytest.TempPathFactory):
+    """2 ranks of server.py serving the tiny ministral3 through mlx-lm's own pipeline()."""
+    directory = write_family_model(tmp_path_factory.mktemp("ministral3") / "model", "ministral3")
+    env = {**SERVER_ENV, "PARALLELISM": "pipeline"}
+    with Cluster(directory, ranks=2, env=env) as running:
+        yield running
+
+
+def test_the_server_runs_a_family_through_mlx_lms_pipeline(mlx_lm_pipeline_server) -> None:
+    plan = mlx_lm_pipeline_server.status().plan
+    assert plan["strategy"] == "pipeline" and plan["via_mlx_lm"]
+    _batches_cancels_and_caches(mlx_lm_pipeline_server)
+
+
+def _batches_cancels_and_caches(server: Cluster) -> None:
+    """A request alone, then in a batch beside a shorter one and a cancelled one, then again:
+    the same greedy tokens each time, the second time from the prefix cache."""
     prompt = "Tell me about the rings of Saturn and their moons. " * 2
-    with moe_server.client(timeout=120) as client:
+    with server.client(timeout=120) as client:
         _, alone, _ = run_requests(client, [greedy("alone", prompt, 16)])
         # "c" asks for logprobs, so each of its tokens arrives at once (random bytes of a
         # tiny model can be withheld as incomplete text) and the cancel lands mid-answer.
@@ -172,4 +206,4 @@ def test_the_server_batches_cancels_and_caches_prefixes_on_an_moe_family(moe_ser
     assert tokens["a"] == alone["alone"], "a request decoded in a batch differs from alone"
     assert [final[i].finish_reason for i in "abc"] == ["length", "length", "cancelled"]
     assert 3 <= len(tokens["c"]) < 400
-    assert final["a"].usage.prompt_tokens_details.cached_tokens > 0  # MLA KV reused
+    assert final["a"].usage.prompt_tokens_details.cached_tokens > 0  # its KV reused

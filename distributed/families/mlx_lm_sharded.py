@@ -1,4 +1,5 @@
-"""Families split through mlx-lm's own Model.shard(): even tensor parallel only.
+"""Families split through mlx-lm's own Model.shard() (even tensor parallel) and, where
+mlx-lm gives the family's model a `pipeline()`, its layer split (uneven by weight).
 
 mlx-lm 0.32 ships a `shard()` for these architectures (linear attention, indexers, MLA
 variants, vision-language wrappers) whose layers we do not slice ourselves. Its shard()
@@ -17,6 +18,9 @@ from distributed.families.reading import gqa, text_view
 from distributed.families.spec import Family, ShapeFields, Split, first
 
 TENSOR_EVEN: frozenset[Split] = frozenset({"tensor-even"})
+# mlx-lm's PipelineMixin: its masks and caches follow the family's own forward, so every
+# layer kind (sliding windows, linear attention, indexer caches) keeps working when split.
+WITH_PIPELINE: frozenset[Split] = TENSOR_EVEN | {"pipeline"}
 
 
 def read_gqa(config: dict[str, Any]) -> ShapeFields:
@@ -45,12 +49,15 @@ def read_mla(config: dict[str, Any]) -> ShapeFields:
     }
 
 
-def _family(name: str, read: Any, divides: tuple[str, ...], note: str) -> Family:
+def _family(
+    name: str, read: Any, divides: tuple[str, ...], note: str, pipeline: bool = True
+) -> Family:
+    """`pipeline`: mlx-lm's model for the family has `pipeline()` (PipelineMixin)."""
     return Family(
         name=name,
         model_types=(name,),
         read=read,
-        splits=TENSOR_EVEN,
+        splits=WITH_PIPELINE if pipeline else TENSOR_EVEN,
         attention=None,
         mlp=None,
         mlx_lm_shard_divides=divides,
@@ -62,14 +69,27 @@ GQA_HEADS = ("num_attention_heads", "num_key_value_heads")
 
 FAMILIES: tuple[Family, ...] = (
     _family("ministral3", read_gqa, GQA_HEADS, "llama-4 rope scaling, optional windows"),
-    _family("exaone_moe", read_gqa, GQA_HEADS, "sliding windows, MoE with shared experts"),
+    _family(
+        "exaone_moe",
+        read_gqa,
+        GQA_HEADS,
+        "sliding windows, MoE with shared experts",
+        pipeline=False,
+    ),
     _family(
         "step3p5",
         read_gqa,
         ("num_attention_heads", "num_attention_groups"),
         "head-wise attention gate, shared expert",
+        pipeline=False,
     ),
-    _family("iquestloopcoder", read_gqa, GQA_HEADS, "looped layers with per-head gates"),
+    _family(
+        "iquestloopcoder",
+        read_gqa,
+        GQA_HEADS,
+        "looped layers with per-head gates",
+        pipeline=False,
+    ),
     _family("glm4_moe_lite", read_mla, ("num_attention_heads",), "absorbed MLA, MoE"),
     _family("mistral4", read_mla, ("num_attention_heads",), "absorbed MLA, MoE"),
     _family("deepseek_v32", read_mla, ("num_attention_heads",), "MLA with a sparse indexer"),
@@ -92,6 +112,7 @@ FAMILIES: tuple[Family, ...] = (
         read_mla,
         ("num_attention_heads",),
         "two MLA attentions a layer, zero experts",
+        pipeline=False,
     ),
 )
 # Not registered, so refused by name beyond one rank: muse_spark (its forward needs a Metal

@@ -29,7 +29,9 @@ CACHES = {"kv": "KV per head", "mla-heads": "MLA, per head", "mla-latent": "MLA 
 
 def _cell(family: Family, split: Split) -> str:
     if family.via_mlx_lm:
-        return "mlx-lm shard()" if split == "tensor-even" else "-"
+        if split not in family.splits:
+            return "-"
+        return "mlx-lm shard()" if split == "tensor-even" else "mlx-lm pipeline()"
     if split == "expert" and family.moe is None:
         return "n/a (dense)"
     return "yes" if split in family.splits else "-"

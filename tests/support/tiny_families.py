@@ -186,6 +186,7 @@ LINEAR_ATTENTION = {
     "linear_key_head_dim": 16,
     "linear_value_head_dim": 16,
     "full_attention_interval": 2,
+    "num_hidden_layers": 4,  # linear, full, linear, full: a 2,1,1 pipeline splits them unevenly
     "tie_word_embeddings": False,
     "vocab_size": 260,  # mlx-lm shards its head by vocabulary rows: they must divide
 }
@@ -328,7 +329,8 @@ PLAIN_KV = {
 }
 
 
-def _module(model_type: str) -> Any:
+def mlx_lm_module(model_type: str) -> Any:
+    """mlx-lm's module for `model_type` (its Model and ModelArgs)."""
     name = MODEL_REMAPPING.get(model_type, model_type)
     return __import__(f"mlx_lm.models.{name}", fromlist=["Model", "ModelArgs"])
 
@@ -400,7 +402,7 @@ def write_family_model(
     text = config.get("text_config", config)
     text["vocab_size"] = max(vocab, text.get("vocab_size", 0))
     config |= {"eos_token_id": SPECIAL_TOKENS.index("<|im_end|>") + 256, "bos_token_id": None}
-    module = _module(config["model_type"])
+    module = mlx_lm_module(config["model_type"])
     model = module.Model(module.ModelArgs.from_dict(config))
     randomize(model, seed)
     if mode == "hf-mxfp4":
