@@ -227,7 +227,7 @@ def make_plan(
         # parallel: a decode step of the default model took 428 ms with 3 local ranks on
         # 2 cores, 124 ms pipeline parallel.
         name, count, cores = crowded
-        plan = _pipeline_plan(shape, world_size, weights, parallelism, family.via_mlx_lm)
+        plan = _pipeline_plan(shape, world_size, weights, parallelism, family.mlx_lm_pipeline)
         plan.note = (
             f"{count} local ranks on {cores} cores of {name}: pipeline parallel "
             "(PARALLELISM=tensor to override)"
@@ -237,7 +237,7 @@ def make_plan(
         if family.via_mlx_lm:
             return _mlx_lm_plan(shape, world_size, weights, parallelism)
         return _tensor_plan(shape, world_size, weights, parallelism)
-    return _pipeline_plan(shape, world_size, weights, parallelism, family.via_mlx_lm)
+    return _pipeline_plan(shape, world_size, weights, parallelism, family.mlx_lm_pipeline)
 
 
 def _plan(

@@ -104,7 +104,7 @@ def test_mlx_lm_families_claim_a_pipeline_exactly_where_mlx_lm_has_one(family) -
     config.get("text_config", config).setdefault("vocab_size", 256)
     module = mlx_lm_module(config["model_type"])
     model = module.Model(module.ModelArgs.from_dict(config))
-    assert ("pipeline" in family.splits) == hasattr(model.model, "pipeline")
+    assert family.mlx_lm_pipeline == hasattr(model.model, "pipeline")
 
 
 def test_mlx_lm_pipeline_sizes_layers_by_weight_last_layers_on_rank_zero() -> None:
@@ -128,8 +128,10 @@ def test_mlx_lm_pipeline_sizes_layers_by_weight_last_layers_on_rank_zero() -> No
     ]
     assert "through mlx-lm's pipeline()" in plan.describe()[0]
     assert make_plan(qwen3_5, 2, None, "tensor").strategy == "tensor-even"
-    with pytest.raises(PlanError, match="step3p5 has no pipeline split"):
-        make_plan({**MLX_LM_CONFIGS["step3p5"]}, 2, None, "pipeline")
+    with pytest.raises(PlanError, match="iquestloopcoder has no pipeline split"):
+        make_plan({**MLX_LM_CONFIGS["iquestloopcoder"], "vocab_size": 256}, 2, None, "pipeline")
+    windows = make_plan({**MLX_LM_CONFIGS["step3p5"], "vocab_size": 256}, 2, None, "pipeline")
+    assert not windows.via_mlx_lm and windows.shape.sliding_layers == (0,)  # our stage
 
 
 def test_models_doc_table_is_generated_from_the_registry() -> None:

@@ -5,7 +5,8 @@ layout its Hugging Face checkpoints ship: mxfp4 expert blocks, the rest float) r
 tests/support/logits_probe.py: one reference process, one 2-rank launch (auto, which is
 tensor + expert parallel, and pipeline; the families split by mlx-lm's shard(): even tensor,
 and mlx-lm's pipeline() where the family has one) and one 3-rank launch (tensor + expert
-parallel with weights 2,1,1; qwen3_5's four layers by mlx-lm's pipeline(), 2,1,1). Each
+parallel with weights 2,1,1; the float32 models of the mlx-lm pipeline() families, four
+layers each, as a 2,1,1 pipeline). Each
 case must give rank 0 the reference's logits (1e-4 float32, 1e-3 quantized) and the same 32
 greedy tokens; a request decoded in a batch must equal it decoded alone; every rank's weight
 bytes and KV bytes per token must equal what the planner predicted from the headers; the
@@ -41,7 +42,11 @@ MODELS: dict[str, tuple[str, int | None, str]] = {
 }
 MODELS["gpt_oss_mxfp4"] = ("gpt_oss", 4, "mxfp4")
 MODELS["gpt_oss_hf_mxfp4"] = ("gpt_oss", 4, "hf-mxfp4")  # as gpt-oss ships: only experts mxfp4
-MODELS |= {f"{family}_f32": (family, None, "affine") for family in MLX_LM_CONFIGS}
+MODELS |= {
+    f"{family}_{tag}": (family, bits, "affine")
+    for family in MLX_LM_CONFIGS
+    for tag, bits in (("f32", None), ("q4", 4))
+}
 
 
 def _family(case: Case) -> str:
@@ -52,12 +57,13 @@ def _mlx_lm_cases(model: str, family: str) -> tuple[Case, ...]:
     cases = (Case(model, 2, "tensor", None, "tensor-even"),)
     if family in PIPELINED:
         cases += (Case(model, 2, "pipeline", None, "pipeline"),)
-    if family == "qwen3_5":
+    if family in FOUR_LAYERS and model.endswith("_f32"):
         cases += (Case(model, 3, "pipeline", [2, 1, 1], "pipeline"),)
     return cases
 
 
 PIPELINED = {f for f in MLX_LM_CONFIGS if "pipeline" in getattr(registered(f), "splits", ())}
+FOUR_LAYERS = {f for f in MLX_LM_CONFIGS if getattr(registered(f), "mlx_lm_pipeline", False)}
 CASES = [
     case
     for model, (family, _, _) in MODELS.items()

@@ -47,6 +47,14 @@ TINY = {
     },
     # qwen2 has q/k/v biases and derives head_dim from hidden_size / heads (96 / 6).
     "qwen2_f32": {**SIX_HEADS, "model_type": "qwen2", "hidden_size": 96, "head_dim": None},
+    "qwen2_q4": {
+        **SIX_HEADS,
+        "model_type": "qwen2",
+        "hidden_size": 96,
+        "head_dim": None,
+        "quantize_bits": 4,
+    },
+    "llama6_q4": {"model_type": "llama", "quantize_bits": 4, **SIX_HEADS},
 }
 PROMPT = [60, 124, 105, 109, 95, 115, 116, 97, 114, 116, 124, 62, 117, 115, 101, 114, 10, 72]
 SMOL_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 2, 198, 1, 4093]
@@ -64,6 +72,8 @@ CASES = [
     Case("qwen3_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
     Case("qwen3_q4", 3, "tensor", [2, 1, 1], "tensor-uneven"),
     Case("qwen2_f32", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("qwen2_q4", 3, "tensor", [2, 1, 1], "tensor-uneven"),
+    Case("llama6_q4", 3, "tensor", [2, 1, 1], "tensor-uneven"),
     Case("llama_q4", 3, "pipeline", [2, 1, 1], "pipeline"),
     Case("qwen3_f32", 3, "pipeline", None, "pipeline"),
     Case("smollm2", 3, "tensor", [2, 1, 1], "tensor-uneven"),

@@ -1,5 +1,7 @@
-"""Families split through mlx-lm's own Model.shard() (even tensor parallel) and, where
-mlx-lm gives the family's model a `pipeline()`, its layer split (uneven by weight).
+"""Families split through mlx-lm's own Model.shard() (even tensor parallel) and by layers
+(uneven by weight): through mlx-lm's own `pipeline()` where the family's model has one,
+else through our pipeline stage where the forward is the plain one it rebuilds (embed,
+layers with a full and a sliding-window mask, norm, head).
 
 mlx-lm 0.32 ships a `shard()` for these architectures (linear attention, indexers, MLA
 variants, vision-language wrappers) whose layers we do not slice ourselves. Its shard()
@@ -12,15 +14,17 @@ keep recurrent state instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from distributed.families.reading import gqa, text_view
+from distributed.families.reading import gqa, sliding, text_view
 from distributed.families.spec import Family, ShapeFields, Split, first
 
 TENSOR_EVEN: frozenset[Split] = frozenset({"tensor-even"})
-# mlx-lm's PipelineMixin: its masks and caches follow the family's own forward, so every
-# layer kind (sliding windows, linear attention, indexer caches) keeps working when split.
 WITH_PIPELINE: frozenset[Split] = TENSOR_EVEN | {"pipeline"}
+# How a family splits by layers: "mlx-lm" (its PipelineMixin: masks and caches follow the
+# family's own forward, so linear attention and indexer caches keep working), "stage" (our
+# PipelineStage, for sliding-window families without one) or None (no pipeline).
+Pipeline = Literal["mlx-lm", "stage"] | None
 
 
 def read_gqa(config: dict[str, Any]) -> ShapeFields:
@@ -32,6 +36,22 @@ def read_gqa(config: dict[str, Any]) -> ShapeFields:
         "intermediate_size": int(first(text, "intermediate_size", "ffn_hidden_size", default=0)),
         "tie_word_embeddings": bool(text.get("tie_word_embeddings", False)),
     }
+
+
+def read_windows(config: dict[str, Any]) -> ShapeFields:
+    """read_gqa plus the sliding-window layers that `layer_types` names."""
+    text = text_view(config)
+    return {**read_gqa(config), **sliding(text, text.get("layer_types"))}
+
+
+def read_step3p5(config: dict[str, Any]) -> ShapeFields:
+    """read_windows with mlx-lm's step3p5 defaults: even layers slide, a 512-token window."""
+    text = {"sliding_window": 512, **text_view(config)}
+    layers = int(text["num_hidden_layers"])
+    kinds = text.get("layer_types") or [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+    ]
+    return {**read_gqa(config), **sliding(text, kinds)}
 
 
 def read_mla(config: dict[str, Any]) -> ShapeFields:
@@ -50,14 +70,15 @@ def read_mla(config: dict[str, Any]) -> ShapeFields:
 
 
 def _family(
-    name: str, read: Any, divides: tuple[str, ...], note: str, pipeline: bool = True
+    name: str, read: Any, divides: tuple[str, ...], note: str, pipeline: Pipeline = "mlx-lm"
 ) -> Family:
-    """`pipeline`: mlx-lm's model for the family has `pipeline()` (PipelineMixin)."""
     return Family(
         name=name,
         model_types=(name,),
         read=read,
         splits=WITH_PIPELINE if pipeline else TENSOR_EVEN,
+        mlx_lm_pipeline=pipeline == "mlx-lm",
+        mask="window" if pipeline == "stage" else "shared",
         attention=None,
         mlp=None,
         mlx_lm_shard_divides=divides,
@@ -71,24 +92,24 @@ FAMILIES: tuple[Family, ...] = (
     _family("ministral3", read_gqa, GQA_HEADS, "llama-4 rope scaling, optional windows"),
     _family(
         "exaone_moe",
-        read_gqa,
+        read_windows,
         GQA_HEADS,
         "sliding windows, MoE with shared experts",
-        pipeline=False,
+        pipeline="stage",
     ),
     _family(
         "step3p5",
-        read_gqa,
+        read_step3p5,
         ("num_attention_heads", "num_attention_groups"),
-        "head-wise attention gate, shared expert",
-        pipeline=False,
+        "sliding windows, head-wise attention gate, shared expert",
+        pipeline="stage",
     ),
     _family(
         "iquestloopcoder",
         read_gqa,
         GQA_HEADS,
         "looped layers with per-head gates",
-        pipeline=False,
+        pipeline=None,
     ),
     _family("glm4_moe_lite", read_mla, ("num_attention_heads",), "absorbed MLA, MoE"),
     _family("mistral4", read_mla, ("num_attention_heads",), "absorbed MLA, MoE"),
@@ -112,7 +133,7 @@ FAMILIES: tuple[Family, ...] = (
         read_mla,
         ("num_attention_heads",),
         "two MLA attentions a layer, zero experts",
-        pipeline=False,
+        pipeline=None,
     ),
 )
 # Not registered, so refused by name beyond one rank: muse_spark (its forward needs a Metal

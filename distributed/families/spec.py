@@ -107,6 +107,8 @@ class Family:
     # mlx-lm families we do not slice ourselves: their own Model.shard() splits heads and
     # expert intermediates evenly; these config counts must divide by the world size.
     mlx_lm_shard_divides: tuple[str, ...] = ()
+    # Pipeline through mlx-lm's own model.pipeline() (else through our PipelineStage).
+    mlx_lm_pipeline: bool = False
     note: str = ""
 
     @property

@@ -31,7 +31,9 @@ def _cell(family: Family, split: Split) -> str:
     if family.via_mlx_lm:
         if split not in family.splits:
             return "-"
-        return "mlx-lm shard()" if split == "tensor-even" else "mlx-lm pipeline()"
+        if split == "pipeline":
+            return "mlx-lm pipeline()" if family.mlx_lm_pipeline else "yes"
+        return "mlx-lm shard()"
     if split == "expert" and family.moe is None:
         return "n/a (dense)"
     return "yes" if split in family.splits else "-"

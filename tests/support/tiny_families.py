@@ -171,7 +171,7 @@ SMALL_MLA = {
     **MLA,
     "q_lora_rank": 64,
     "n_shared_experts": 1,
-    "num_hidden_layers": 2,
+    "num_hidden_layers": 4,  # a dense layer and three MoE layers: 2,1,1 pipelines split them
     "n_group": 1,
     "topk_group": 1,
     "norm_topk_prob": True,
@@ -194,6 +194,7 @@ WINDOWS = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_atten
 MLX_LM_CONFIGS: dict[str, dict[str, Any]] = {
     "ministral3": {
         **SMALL_GQA,
+        "num_hidden_layers": 4,
         "model_type": "ministral3",
         "intermediate_size": 128,
         "tie_word_embeddings": True,
@@ -282,7 +283,8 @@ MLX_LM_CONFIGS: dict[str, dict[str, Any]] = {
             "num_local_experts": 8,
             "num_experts_per_tok": 2,
             "rotary_dim": 8,
-            "mlp_layer_types": ["dense", "sparse"],
+            "num_hidden_layers": 4,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
         },
     },
 }
