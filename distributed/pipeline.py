@@ -29,7 +29,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from distributed.families import registered
 from distributed.plan import Plan
@@ -62,6 +62,10 @@ class PipelineStage(nn.Module):
         start, end = share.layers
         self.layers = inner.layers[start:end]
         self.sliding = [i in plan.shape.sliding_layers for i in range(start, end)]
+        # Families mlx-lm splits keep the caches their own make_cache builds (longcat_flash:
+        # two per layer, in a CacheList).
+        self._family_caches = model.make_cache if family and family.via_mlx_lm else None
+        self.local = slice(start, end)
         if share.embeddings:
             self.embed_tokens = embed
         if self.last:
@@ -73,6 +77,8 @@ class PipelineStage(nn.Module):
 
     def make_cache(self) -> list[Any]:
         """One cache per local layer (a rotating one for sliding-window layers)."""
+        if self._family_caches is not None:
+            return self._family_caches()[self.local]
         return [
             RotatingKVCache(max_size=self.sliding_window) if sliding else KVCache()
             for sliding in self.sliding
@@ -83,8 +89,10 @@ class PipelineStage(nn.Module):
         for layer, layer_cache, sliding in zip(self.layers, cache, self.sliding, strict=True):
             if sliding not in masks:
                 window = self.sliding_window if sliding else None
+                # A CacheList's first cache is the layer's attention cache (longcat_flash).
+                first = layer_cache[0] if isinstance(layer_cache, CacheList) else layer_cache
                 masks[sliding] = create_attention_mask(
-                    h, layer_cache, window_size=window, return_array=self.mask_kind == "array"
+                    h, first, window_size=window, return_array=self.mask_kind == "array"
                 )
             h = layer(h, masks[sliding], layer_cache)
         return h

@@ -17,13 +17,14 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from distributed.families.reading import gqa, sliding, text_view
-from distributed.families.spec import Family, ShapeFields, Split, first
+from distributed.families.spec import Family, MaskKind, ShapeFields, Split, first
 
 TENSOR_EVEN: frozenset[Split] = frozenset({"tensor-even"})
 WITH_PIPELINE: frozenset[Split] = TENSOR_EVEN | {"pipeline"}
 # How a family splits by layers: "mlx-lm" (its PipelineMixin: masks and caches follow the
 # family's own forward, so linear attention and indexer caches keep working), "stage" (our
-# PipelineStage, for sliding-window families without one) or None (no pipeline).
+# PipelineStage, for families without one whose forward is the plain one) or None
+# (iquestloopcoder runs every layer twice a token, in two loops: no contiguous ranges).
 Pipeline = Literal["mlx-lm", "stage"] | None
 
 
@@ -70,15 +71,21 @@ def read_mla(config: dict[str, Any]) -> ShapeFields:
 
 
 def _family(
-    name: str, read: Any, divides: tuple[str, ...], note: str, pipeline: Pipeline = "mlx-lm"
+    name: str,
+    read: Any,
+    divides: tuple[str, ...],
+    note: str,
+    pipeline: Pipeline = "mlx-lm",
+    mask: MaskKind = "window",
 ) -> Family:
+    """`mask`: how the family's forward builds its masks, for our pipeline stage."""
     return Family(
         name=name,
         model_types=(name,),
         read=read,
         splits=WITH_PIPELINE if pipeline else TENSOR_EVEN,
         mlx_lm_pipeline=pipeline == "mlx-lm",
-        mask="window" if pipeline == "stage" else "shared",
+        mask=mask,
         attention=None,
         mlp=None,
         mlx_lm_shard_divides=divides,
@@ -133,7 +140,8 @@ FAMILIES: tuple[Family, ...] = (
         read_mla,
         ("num_attention_heads",),
         "two MLA attentions a layer, zero experts",
-        pipeline=None,
+        pipeline="stage",
+        mask="array",
     ),
 )
 # Not registered, so refused by name beyond one rank: muse_spark (its forward needs a Metal
