@@ -9,10 +9,11 @@ to which rank 0 applies the tied embedding head. Every rank returns logits shape
 forward (distributed/families): one shared mask, one per window kind (sliding-window layers
 keep a RotatingKVCache), or a boolean array (deepseek_v3's MLA applies it with mx.where).
 
-Families that mlx-lm splits itself (families/mlx_lm_sharded.py) run mlx-lm's own
-`model.model.pipeline(group, split)` instead (MlxLmPipeline): the family's forward keeps
-its own masks and caches; the last rank runs the first layers, rank 0 the last ones, and
-every rank gets rank 0's hidden state through an all_gather and applies the head.
+Families whose mlx-lm model has `pipeline()` (families/mlx_lm_sharded.py) run it instead
+(MlxLmPipeline): the family's forward keeps its own masks and caches; the last rank runs
+the first layers, rank 0 the last ones, and every rank gets rank 0's hidden state through
+an all_gather (mlx-lm's collectives use the global group, which is ours) and applies the
+head.
 
 Each call evaluates its own sends and receives before it returns. Ranks run different
 graphs, and a point-to-point stream carries no message boundaries: if a caller queued
@@ -76,7 +77,8 @@ class PipelineStage(nn.Module):
         self.eval_guard: Callable[[str], AbstractContextManager] | None = None
 
     def make_cache(self) -> list[Any]:
-        """One cache per local layer (a rotating one for sliding-window layers)."""
+        """One cache per local layer (a rotating one for sliding-window layers; for a family
+        mlx-lm splits, what its own make_cache builds for these layers)."""
         if self._family_caches is not None:
             return self._family_caches()[self.local]
         return [
