@@ -103,7 +103,8 @@ def tensor_problems(
 
 def pipeline_problems(shape: ModelShape, family: Family, world: int) -> list[str]:
     if "pipeline" not in family.splits:
-        return [f"{family.name} has no pipeline split in the registry"]
+        why = f" ({family.note})" if family.note else ""
+        return [f"{family.name} has no pipeline split in the registry{why}"]
     if world > shape.num_layers:
         return [f"pipeline gives each rank whole layers: {shape.num_layers} layers, {world} ranks"]
     return []

@@ -115,7 +115,7 @@ FAMILIES: tuple[Family, ...] = (
         "iquestloopcoder",
         read_gqa,
         GQA_HEADS,
-        "looped layers with per-head gates",
+        "looped layers with per-head gates: every token runs all layers twice",
         pipeline=None,
     ),
     _family("glm4_moe_lite", read_mla, ("num_attention_heads",), "absorbed MLA, MoE"),
