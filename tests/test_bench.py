@@ -252,6 +252,16 @@ def test_constrained_bench_measures_every_part_on_a_tiny_tokenizer(tmp_path) -> 
     assert row["sample_free_ms_per_token"] > 0 and row["compile_ms_median"] > 0
 
 
+def test_compiled_decode_bench_decodes_the_same_tokens_every_way(tiny_llama: Path) -> None:
+    args = ["--model", str(tiny_llama), "--tokens", "6", "--rounds", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compiled_decode", *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "same greedy tokens every way: True" in done.stdout
+    assert done.stdout.count("ms a token") == 3
+
+
 def test_step_model_is_calibrated_on_one_rank_and_adds_bytes_and_collectives(
     tmp_path: Path,
 ) -> None:
