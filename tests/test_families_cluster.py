@@ -4,13 +4,13 @@ Tiny random models of each family (float32 and 4-bit; mxfp4 for gpt_oss, also in
 layout its Hugging Face checkpoints ship: mxfp4 expert blocks, the rest float) run through
 tests/support/logits_probe.py: one reference process, one 2-rank launch (auto, which is
 tensor + expert parallel, and pipeline; the families split by mlx-lm's shard(): even tensor,
-and mlx-lm's pipeline() where the family has one) and one 3-rank launch (tensor + expert
-parallel with weights 2,1,1; the float32 models of the mlx-lm pipeline() families, four
-layers each, as a 2,1,1 pipeline). Each
-case must give rank 0 the reference's logits (1e-4 float32, 1e-3 quantized) and the same 32
-greedy tokens; a request decoded in a batch must equal it decoded alone; every rank's weight
-bytes and KV bytes per token must equal what the planner predicted from the headers; the
-tiny MoE's ranks must hold their weighted share.
+and pipeline where they have one, mlx-lm's or our stage's) and one 3-rank launch (tensor +
+expert parallel with weights 2,1,1; the float32 models of the mlx-lm pipeline() families,
+four layers each, as 2,1,1 pipelines). Each case must give rank 0 the reference's logits
+(1e-4 float32, 1e-3 quantized) and the same 32 greedy tokens; a request decoded in a batch
+must equal it decoded alone; every rank's weight bytes and KV bytes per token must equal
+what the planner predicted from the headers; the tiny MoE's ranks must hold their weighted
+share. Then the real server on an MoE family and on mlx-lm's pipeline().
 """
 
 from __future__ import annotations
