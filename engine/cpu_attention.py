@@ -68,9 +68,15 @@ def _apply(scores: mx.array, mask: mx.array) -> mx.array:
     return scores + mask.astype(mx.float32)
 
 
+def on_cpu_backend() -> bool:
+    """Whether this process's MLX computes on the CPU (no GPU): the kernel here, and the
+    leader's streaming order (engine/leader.py), are for that case."""
+    return mx.default_device() == mx.cpu
+
+
 def install() -> bool:
     """Use grouped_attention on the CPU backend; True when installed."""
-    if mx.default_device() != mx.cpu:
+    if not on_cpu_backend():
         return False
     mx.fast.scaled_dot_product_attention = grouped_attention
     return True

@@ -13,8 +13,6 @@ import queue
 import time
 from dataclasses import dataclass, field
 
-import mlx.core as mx
-
 from config import Settings
 from distributed.broadcast import Broadcaster
 from distributed.group import RankIdentity
@@ -22,6 +20,7 @@ from distributed.loader import ModelInfo
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeSender
 from engine.batch_engine import BatchEngine
+from engine.cpu_attention import on_cpu_backend
 from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan
 from ipc.protocol import Counters, LoadProgress, RankState, RankStatus, Status
@@ -103,7 +102,7 @@ class Leader:
     # (`build` is 80% of the step, bench/step_time.py), so text streamed after it reached
     # the clients a step late: a later agent turn's first token waited 90-120 ms for the
     # next step's build. There the text goes out first; on a GPU, while the step computes.
-    stream_before_start: bool = field(default_factory=lambda: mx.default_device() == mx.cpu)
+    stream_before_start: bool = field(default_factory=on_cpu_backend)
 
     # ---- reports -----------------------------------------------------------------
 
