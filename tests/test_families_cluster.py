@@ -57,13 +57,13 @@ def _mlx_lm_cases(model: str, family: str) -> tuple[Case, ...]:
     cases = (Case(model, 2, "tensor", None, "tensor-even"),)
     if family in PIPELINED:
         cases += (Case(model, 2, "pipeline", None, "pipeline"),)
-    if family in FOUR_LAYERS and model.endswith("_f32"):
+    if family in MLX_LM_PIPELINED and model.endswith("_f32"):  # their tiny models: 4 layers
         cases += (Case(model, 3, "pipeline", [2, 1, 1], "pipeline"),)
     return cases
 
 
 PIPELINED = {f for f in MLX_LM_CONFIGS if "pipeline" in getattr(registered(f), "splits", ())}
-FOUR_LAYERS = {f for f in MLX_LM_CONFIGS if getattr(registered(f), "mlx_lm_pipeline", False)}
+MLX_LM_PIPELINED = {f for f in MLX_LM_CONFIGS if getattr(registered(f), "mlx_lm_pipeline", False)}
 CASES = [
     case
     for model, (family, _, _) in MODELS.items()
@@ -199,8 +199,8 @@ def test_the_server_runs_a_family_through_mlx_lms_pipeline(mlx_lm_pipeline_serve
 
 
 def _batches_cancels_and_caches(server: Cluster) -> None:
-    """A request alone, then in a batch beside a shorter one and a cancelled one, then again:
-    the same greedy tokens each time, the second time from the prefix cache."""
+    """A request alone, then again in a batch beside a shorter one and a cancelled one: the
+    same greedy tokens both times, the second time from the prefix cache."""
     prompt = "Tell me about the rings of Saturn and their moons. " * 2
     with server.client(timeout=120) as client:
         _, alone, _ = run_requests(client, [greedy("alone", prompt, 16)])
