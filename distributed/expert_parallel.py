@@ -17,17 +17,14 @@ at 2 ranks (docs/ARCHITECTURE.md, Expert parallelism).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from distributed.families.spec import DenseParts, ExpertParts
 from distributed.slicing import keep_columns, keep_rows
+from distributed.watchdog import EvalGuard, guarded_eval
 
-EvalGuard = Callable[[str], AbstractContextManager[object]]
 SWITCH_PROJECTIONS = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")
 
 
@@ -45,11 +42,7 @@ class LocalExperts(nn.Module):
         self.eval_guard: EvalGuard | None = None
 
     def _routes(self, indices: mx.array) -> np.ndarray:
-        if self.eval_guard is None:
-            mx.eval(indices)
-        else:
-            with self.eval_guard("expert routing (all_sums before it)"):
-                mx.eval(indices)
+        guarded_eval(indices, self.eval_guard, "expert routing (all_sums before it)")
         return np.array(indices).reshape(-1).astype(np.int64)  # signed: below-range is < 0
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:

@@ -17,11 +17,12 @@ from mlx_lm.utils import load_model
 
 from acquisition.source import ModelSourceError, resolve_model, served_names
 from config import Settings
-from distributed.expert_parallel import EvalGuard, LocalExperts
+from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
 from distributed.pipeline import MlxLmPipeline, PipelineStage
 from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
 from distributed.tensor_parallel import shard_model
+from distributed.watchdog import EvalGuard
 
 log = logging.getLogger("ring.plan")
 

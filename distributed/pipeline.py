@@ -23,8 +23,6 @@ receives could run in another order than the sends and read each other's bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import mlx.core as mx
@@ -34,6 +32,7 @@ from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt
 
 from distributed.families import registered
 from distributed.plan import Plan
+from distributed.watchdog import EvalGuard, guarded_eval
 
 
 class PipelineStage(nn.Module):
@@ -74,7 +73,7 @@ class PipelineStage(nn.Module):
         if share.head and not self.tied:
             self.lm_head = model.lm_head
         # Optional `guard(what)` context manager (a collective watchdog) around each wait.
-        self.eval_guard: Callable[[str], AbstractContextManager] | None = None
+        self.eval_guard: EvalGuard | None = None
 
     def make_cache(self) -> list[Any]:
         """One cache per local layer (a rotating one for sliding-window layers; for a family
@@ -105,7 +104,7 @@ class PipelineStage(nn.Module):
         return self.lm_head(h)
 
     def _eval(self, array: mx.array, what: str) -> None:
-        _evaluate(array, self.eval_guard, what)
+        guarded_eval(array, self.eval_guard, what)
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         batch, length = inputs.shape[:2]
@@ -152,7 +151,7 @@ class MlxLmPipeline(nn.Module):
         counts = [end - start for start, end in (share.layers for share in plan.ranks)]
         model.model.pipeline(group, split=counts)
         self.wrapped = model
-        self.eval_guard: Callable[[str], AbstractContextManager] | None = None
+        self.eval_guard: EvalGuard | None = None
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -164,15 +163,7 @@ class MlxLmPipeline(nn.Module):
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         # As in PipelineStage: the tokens first (they may come from rank 0's broadcast), then
         # this call's receive, send and all_gather, before another call queues its own.
-        _evaluate(inputs, self.eval_guard, "pipeline input")
+        guarded_eval(inputs, self.eval_guard, "pipeline input")
         logits = self.wrapped(inputs, cache=cache)[:, -1:, :]
-        _evaluate(logits, self.eval_guard, "pipeline step")
+        guarded_eval(logits, self.eval_guard, "pipeline step")
         return logits
-
-
-def _evaluate(array: mx.array, guard: Callable[[str], AbstractContextManager] | None, what: str):
-    if guard is None:
-        mx.eval(array)
-    else:
-        with guard(what):
-            mx.eval(array)

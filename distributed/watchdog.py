@@ -11,10 +11,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import mlx.core as mx
 
 EXIT_CODE = 3
+# A watchdog's `guard`, as parts of a model that evaluate inside the forward pass take it.
+EvalGuard = Callable[[str], AbstractContextManager[object]]
 log = logging.getLogger("ring.watchdog")
 
 
@@ -69,3 +73,12 @@ class CollectiveWatchdog:
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(self.exit_code)
+
+
+def guarded_eval(array: mx.array, guard: EvalGuard | None, what: str) -> None:
+    """Evaluate `array`, inside `guard(what)` when a watchdog gave one."""
+    if guard is None:
+        mx.eval(array)
+    else:
+        with guard(what):
+            mx.eval(array)

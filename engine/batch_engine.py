@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from distributed.watchdog import EvalGuard
 from engine.batch_caches import left_pad, merged
 from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.prefix_store import PrefixStore
@@ -103,7 +104,7 @@ class BatchEngine:
         self,
         model: Callable[..., mx.array],
         prefill_chunk_size: int,
-        guard: Callable[[str], AbstractContextManager[object]] | None = None,
+        guard: EvalGuard | None = None,
     ) -> None:
         self.model = model
         self.prefill_chunk_size = prefill_chunk_size
