@@ -30,6 +30,7 @@ from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_chan
 from distributed.watchdog import CollectiveWatchdog
 from engine import cpu_attention
 from engine.batch_engine import BatchEngine, PlanMismatchError
+from engine.compiled_decode import CompiledDecode
 from engine.constraints import GrammarTokens
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefix_cache import PrefixCache
@@ -84,6 +85,22 @@ def _progress_reporter(
     return lambda done, total: booting.on_progress(0, done, total)
 
 
+def _compiled_decode(
+    settings: Settings, model: Callable[..., mx.array], evaluating_parts: int, profiling: bool
+) -> CompiledDecode | None:
+    """The compiled decode step, where it can apply: not where parts of the forward
+    evaluate (pipeline stages, expert routing) or the collective profiler times all_sums."""
+    if settings.compiled_decode == "off":
+        log.info("decode: eager (COMPILED_DECODE=off)")
+        return None
+    if evaluating_parts or profiling:
+        why = "the forward evaluates inside" if evaluating_parts else "collectives are profiled"
+        log.info("decode: eager (%s)", why)
+        return None
+    log.info("decode: compiled where the caches allow (COMPILED_DECODE=auto)")
+    return CompiledDecode(model)
+
+
 def _peer_lost(exc: RuntimeError) -> bool:
     """MLX's distributed backends report a lost peer as a RuntimeError named `[backend] ...`
     (e.g. `[ring] connection to a peer was lost`) from inside a collective."""
@@ -131,11 +148,12 @@ def main(settings: Settings) -> int:
         die(EXIT_PEER_GONE, str(exc))
     except ModelLoadError as exc:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
-    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard)
     with watchdog.guard("KV size probe (one-token forward)"):
         per_token = kv_bytes_per_token(model, group)
     # After the probe: the guard does not nest, and the probe holds one around its forward.
-    install_eval_guard(model, watchdog.guard)
+    evaluating_parts = install_eval_guard(model, watchdog.guard)
+    compiled = _compiled_decode(settings, model, evaluating_parts, profiler is not None)
+    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard, compiled)
     budget = rank_budget(
         settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
     )

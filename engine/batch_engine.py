@@ -20,6 +20,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from distributed.watchdog import EvalGuard
 from engine.batch_caches import left_pad, merged
 from engine.batch_sampler import RowSampling, Sampled, sample
+from engine.compiled_decode import CompiledDecode
 from engine.prefix_store import PrefixStore
 from engine.step_plan import Insert, StepPlan, batch_fingerprint
 
@@ -105,8 +106,10 @@ class BatchEngine:
         model: Callable[..., mx.array],
         prefill_chunk_size: int,
         guard: EvalGuard | None = None,
+        compiled: CompiledDecode | None = None,
     ) -> None:
         self.model = model
+        self.compiled = compiled
         self.prefill_chunk_size = prefill_chunk_size
         self._guard = guard
         self.step_index = 0
@@ -215,7 +218,8 @@ class BatchEngine:
         seq_ids = list(self.decode_ids)
         if self._decode_cache is not None:
             inputs = mx.array(self._next_tokens, dtype=mx.uint32)[:, None]
-            rows.append(self._forward(inputs, self._decode_cache))
+            logits = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
+            rows.append(logits if logits is not None else self._forward(inputs, self._decode_cache))
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
         budget = self.prefill_chunk_size
         prefill_tokens = 0

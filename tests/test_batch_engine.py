@@ -8,6 +8,7 @@ import pytest
 from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
+from engine.compiled_decode import CompiledDecode
 from engine.step_plan import Insert, StepPlan, Store
 from tests.support.tiny_models import write_tiny_model
 
@@ -20,9 +21,15 @@ def model(tmp_path_factory):
     return load_model(directory)[0]
 
 
-def greedy_run(model, chunk: int, prompts: list[list[int]], steps: int = 8) -> dict:
+def greedy_run(
+    model,
+    chunk: int,
+    prompts: list[list[int]],
+    steps: int = 8,
+    compiled: CompiledDecode | None = None,
+) -> dict:
     """Feed all prompts at once, decode greedily; {seq id: (tokens, first logits)}."""
-    engine = BatchEngine(model, chunk)
+    engine = BatchEngine(model, chunk, compiled=compiled)
     inserts = [Insert(i + 1, p) for i, p in enumerate(prompts)]
     plan = StepPlan(step=0, fingerprint=engine.fingerprint(), inserts=inserts)
     out: dict[int, tuple[list[int], np.ndarray | None]] = {}

@@ -10,6 +10,7 @@ import pytest
 from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
+from engine.compiled_decode import CompiledDecode
 from engine.prefix_store import kv_bytes_per_token
 from engine.step_plan import Insert, StepPlan
 from tests.support.tiny_families import MLX_LM_CONFIGS, PLAIN_KV, write_family_model
@@ -71,3 +72,15 @@ def test_the_prefix_cache_measures_plain_kv_caches_only(family_model):
     measured = kv_bytes_per_token(model)
     # Rotating windows, recurrent state and indexer caches keep the prefix cache off.
     assert (measured > 0) == (name in PLAIN_KV), name
+
+
+def test_compiled_decode_gives_the_eager_tokens_or_steps_aside(family_model):
+    name, model = family_model
+    eager = greedy_run(model, chunk=256, prompts=PROMPTS)
+    compiled = CompiledDecode(model)
+    same = greedy_run(model, chunk=256, prompts=PROMPTS, compiled=compiled)
+    assert {seq: run[0] for seq, run in same.items()} == {
+        seq: run[0] for seq, run in eager.items()
+    }, name
+    # Plain KV caches compile; sliding windows, recurrent state and indexers decode eagerly.
+    assert bool(compiled._shapes) == (name in PLAIN_KV), name

@@ -161,6 +161,26 @@ def test_greedy_output_same_alone_and_in_a_batch(cluster):
     assert alone["alone"] == batched["bg"]
 
 
+def test_compiled_and_eager_decode_give_the_same_tokens(cluster):
+    # The shared cluster decodes compiled (COMPILED_DECODE=auto); the same model again, eager.
+    def batch() -> list[Submit]:
+        return [
+            greedy(f"c{i}", "The quick brown fox " * i + "x" * i, 12 + 3 * i) for i in range(1, 9)
+        ]
+
+    with cluster.client(timeout=120) as client:
+        _, compiled, _ = run_requests(client, batch())
+    env = CLUSTER_ENV | {"COMPILED_DECODE": "off"}
+    with Cluster(cluster.model, ranks=2, env=env) as eager_cluster:
+        with eager_cluster.client(timeout=120) as client:
+            _, eager, _ = run_requests(client, batch())
+        log = eager_cluster.log_path.read_text()
+    assert compiled == eager
+    assert all(len(compiled[f"c{i}"]) == 12 + 3 * i for i in range(1, 9))
+    assert "r1 INFO decode: compiled" in cluster.log_path.read_text()
+    assert "r1 INFO decode: eager (COMPILED_DECODE=off)" in log
+
+
 def test_logprobs_come_with_each_token(cluster):
     submit = greedy("lp", "abc", 5, logprobs=True, top_logprobs=2)
     with cluster.client() as client:

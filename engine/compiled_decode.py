@@ -1,0 +1,144 @@
+"""Compiled decode: the decode batch's forward pass as one `mx.compile`d function.
+
+A compiled function is traced once per input shape, so every input must keep its shape
+from step to step. The decode batch's caches stay mlx-lm's BatchKVCache (joins, removals
+and prefix stores work on them as before); for the step, each layer's key and value
+buffers go into the compiled function whole, with the write position, the rows' RoPE
+offsets and left padding as arrays:
+- a layer writes the new token's keys and values at the position with `slice_update`;
+- attention runs over the whole buffer, the mask hiding the left padding and what lies
+  past the position (masked scores weigh exactly 0);
+- buffers are kept at a multiple of STEP positions, so one trace serves a batch size for
+  STEP tokens, and MLX keeps every trace it made (a batch size is its own bucket: padding
+  rows to a bucket would cost their whole forward on a CPU). STEP is 64, not
+  BatchKVCache's 256: attention over unused positions is not free (batch 8, this
+  machine's CPU: 105 ms a step eager at a 40-token context, 116 compiled over 256
+  positions), and a new shape costs one trace and its kernels once (80-150 ms).
+
+It applies where every layer's decode cache is a plain BatchKVCache and nothing in the
+forward evaluates (pipeline stages and expert routing do): elsewhere, and when a trace
+fails, the step runs eagerly. Measured with bench/compiled_decode.py and bench/step_time.py
+(docs/BENCHMARKS.md): compiling fuses each layer's elementwise work (norms, RoPE, the
+activation, the softmax), which on MLX's CPU backend is a kernel launch per operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
+
+log = logging.getLogger(__name__)
+
+STEP = 64  # positions a buffer grows by
+
+
+class _Slot:
+    """One layer's cache as the traced forward sees it: whole buffers, array positions."""
+
+    def __init__(
+        self,
+        keys: mx.array,
+        values: mx.array,
+        position: mx.array,
+        offset: mx.array,
+        left_padding: mx.array,
+    ) -> None:
+        self.keys = keys
+        self.values = values
+        self.position = position  # [1]: where this step's token goes
+        self.offset = offset  # [B]: each row's RoPE position
+        self.left_padding = left_padding  # [B]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys = mx.slice_update(self.keys, keys, self.position, axes=(2,))
+        self.values = mx.slice_update(self.values, values, self.position, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(
+        self, n: int, return_array: bool = False, window_size: int | None = None, **_: Any
+    ) -> mx.array:
+        if n != 1 or window_size is not None:
+            raise ValueError("a compiled decode step takes one token and no sliding window")
+        positions = mx.arange(self.keys.shape[2])
+        visible = (positions <= self.position) & (self.left_padding[:, None] <= positions)
+        return visible[:, None, None, :]
+
+
+def compilable(caches: Sequence[Any]) -> bool:
+    """Whether a decode batch's caches take the compiled step: plain BatchKVCache layers
+    (no sliding window, recurrent state or indexer), holding keys, with no right padding."""
+    return all(
+        type(cache) is BatchKVCache and cache.keys is not None and cache._right_padding is None
+        for cache in caches
+    )
+
+
+def _reserve(cache: BatchKVCache, positions: int) -> None:
+    """Size a layer's buffers to the least multiple of STEP that holds `positions` (the
+    prefill and a removal leave other sizes; growing copies them once per STEP tokens)."""
+    size = cache.keys.shape[2]
+    wanted = -(-positions // STEP) * STEP
+    if wanted > size:
+        pad = [(0, 0), (0, 0), (0, wanted - size), (0, 0)]
+        cache.keys = mx.pad(cache.keys, pad)
+        cache.values = mx.pad(cache.values, pad)
+    elif wanted < size:
+        cache.keys = cache.keys[..., :wanted, :]
+        cache.values = cache.values[..., :wanted, :]
+
+
+class CompiledDecode:
+    """The decode step of `model`, compiled; `step` returns None where it does not apply."""
+
+    def __init__(self, model: Callable[..., mx.array]) -> None:
+        self.model = model
+        self.enabled = True
+        self._shapes: set[tuple[int, int]] = set()
+        self._compiled = mx.compile(self._forward)
+
+    def _forward(
+        self,
+        tokens: mx.array,
+        position: mx.array,
+        offset: mx.array,
+        left_padding: mx.array,
+        *buffers: mx.array,
+    ) -> list[mx.array]:
+        slots = [
+            _Slot(buffers[i], buffers[i + 1], position, offset, left_padding)
+            for i in range(0, len(buffers), 2)
+        ]
+        logits = self.model(tokens, cache=slots)[:, -1, :]
+        return [logits, *(array for slot in slots for array in (slot.keys, slot.values))]
+
+    def step(self, tokens: mx.array, caches: list[Any]) -> mx.array | None:
+        """The last-position logits of one decode step over `caches` (updated in place as
+        BatchKVCache would), or None: run this step eagerly."""
+        if not self.enabled or not compilable(caches):
+            return None
+        first: BatchKVCache = caches[0]
+        for cache in caches:
+            _reserve(cache, first._idx + 1)
+        shape = (tokens.shape[0], first.keys.shape[2])
+        buffers = [array for cache in caches for array in (cache.keys, cache.values)]
+        position = mx.array([first._idx])
+        try:
+            logits, *updated = self._compiled(
+                tokens, position, first.offset, first.left_padding, *buffers
+            )
+        except Exception as exc:  # a family whose forward does not trace
+            self.enabled = False
+            log.warning("compiled decode off for this model (%s); decoding eagerly", exc)
+            return None
+        if shape not in self._shapes:
+            self._shapes.add(shape)
+            log.debug("compiled decode: traced batch %d over %d positions", *shape)
+        for i, cache in enumerate(caches):
+            cache.keys, cache.values = updated[2 * i], updated[2 * i + 1]
+            cache.offset = cache.offset + 1
+            cache._idx += 1
+        return logits
