@@ -1,13 +1,13 @@
-"""What `mx.compile` would buy a batch-1 decode step here (issue 18's compiled decode, not
-built into the engine): the default model decodes the same greedy tokens three ways, in
-turn, and each way's median ms a token is printed.
+"""What `mx.compile` buys a batch-1 decode step here, outside the server: the default model
+decodes the same greedy tokens three ways, in turn, and each way's median ms a token is
+printed. (In the server: bench.step_time with --env COMPILED_DECODE=off, then auto.)
 
     LD_PRELOAD=<OpenBLAS> .venv/bin/python -m bench.compiled_decode [--model DIR] [--tokens 48]
 
 - eager: build the step's graph, evaluate it, read the token (what a plain loop does);
 - async: build step N+1 while step N evaluates (mlx-lm's loop, and ours);
-- compiled: one `mx.compile`d step over a preallocated cache of fixed capacity (positions
-  past the answer masked), the shape-static form a compiled decode needs.
+- compiled: the engine's compiled step (engine/compiled_decode.py) over a batch cache of
+  one row, as the server decodes one request.
 
 Every way installs engine/cpu_attention.py as the ranks do. The tokens must agree.
 """
@@ -25,38 +25,13 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
 from engine import cpu_attention
+from engine.batch_caches import merged
+from engine.compiled_decode import CompiledDecode
 
 DEFAULT_MODEL = Path.home() / (
     ".cache/mlx-ring/gguf/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f-float32-v1"
 )
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 2, 198, 1, 4093]
-
-
-class StaticCache:
-    """A KV cache of fixed capacity: keys and values written at `position` (an array, so a
-    compiled step takes it as an input), the mask hiding what lies past it."""
-
-    def __init__(self, keys: mx.array, values: mx.array, capacity: int) -> None:
-        batch, heads, length, dim = keys.shape
-        self.keys = mx.zeros((batch, heads, capacity, dim), keys.dtype)
-        self.values = mx.zeros((batch, heads, capacity, dim), values.dtype)
-        self.keys[..., :length, :] = keys
-        self.values[..., :length, :] = values
-        self.position = mx.array(length)
-        self.capacity = capacity
-
-    @property
-    def offset(self) -> mx.array:
-        return self.position
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        at = self.position.reshape(1)
-        self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
-        self.values = mx.slice_update(self.values, values, at, axes=(2,))
-        return self.keys, self.values
-
-    def make_mask(self, *_: Any, **__: Any) -> mx.array:
-        return (mx.arange(self.capacity) <= self.position)[None, None, None, :]
 
 
 def _prefill(model: Any) -> tuple[mx.array, list[KVCache]]:
@@ -89,27 +64,22 @@ def pipelined(model: Any, tokens: int) -> tuple[float, list[int]]:
     return (time.perf_counter() - started) / tokens * 1e3, out
 
 
-def compiled(model: Any, tokens: int, capacity: int = 256) -> tuple[float, list[int]]:
+def compiled(model: Any, tokens: int) -> tuple[float, list[int]]:
     token, plain = _prefill(model)
-    length = len(PROMPT)
-    caches = [
-        StaticCache(c.keys[..., :length, :], c.values[..., :length, :], capacity) for c in plain
-    ]
-    state = [array for c in caches for array in (c.keys, c.values)]
+    caches = merged([plain])  # the decode batch's BatchKVCache, as the engine holds it
+    decode = CompiledDecode(model)
 
-    def step(token: mx.array, position: mx.array, *arrays: mx.array) -> list[mx.array]:
-        for i, cache in enumerate(caches):
-            cache.keys, cache.values, cache.position = arrays[2 * i], arrays[2 * i + 1], position
-        following = mx.argmax(model(token[:, None], cache=caches)[:, -1, :], axis=-1)
-        return [following, *(array for c in caches for array in (c.keys, c.values))]
+    def step(token: mx.array) -> mx.array:
+        logits = decode.step(token[:, None], caches)
+        assert logits is not None, "this model's caches do not take the compiled step"
+        return mx.argmax(logits, axis=-1)
 
-    compiled_step = mx.compile(step)
     out = [token.item()]
-    token, *state = compiled_step(token, mx.array(length), *state)  # compiles: not timed
+    token = step(token)  # traces: not timed
     out.append(token.item())
     started = time.perf_counter()
-    for position in range(length + 1, length + 1 + tokens):  # each step waited, as eager's
-        token, *state = compiled_step(token, mx.array(position), *state)
+    for _ in range(tokens):  # each step waited for, as eager's
+        token = step(token)
         out.append(token.item())
     return (time.perf_counter() - started) / tokens * 1e3, out
 
