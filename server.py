@@ -32,6 +32,7 @@ from engine import cpu_attention
 from engine.batch_engine import BatchEngine, PlanMismatchError
 from engine.compiled_decode import CompiledDecode
 from engine.constraints import GrammarTokens
+from engine.cpu_linear import transpose_linears
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefix_cache import PrefixCache
 from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
@@ -148,6 +149,9 @@ def main(settings: Settings) -> int:
         die(EXIT_PEER_GONE, str(exc))
     except ModelLoadError as exc:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
+    if cpu_attention.on_cpu_backend():
+        swapped = transpose_linears(model)
+        log.debug("linear layers: %d stored transposed (engine/cpu_linear.py)", swapped)
     with watchdog.guard("KV size probe (one-token forward)"):
         per_token = kv_bytes_per_token(model, group)
     # After the probe: the guard does not nest, and the probe holds one around its forward.
