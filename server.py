@@ -33,6 +33,7 @@ from engine.batch_engine import BatchEngine, PlanMismatchError
 from engine.compiled_decode import CompiledDecode
 from engine.constraints import GrammarTokens
 from engine.cpu_linear import transpose_linears
+from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefix_cache import PrefixCache
 from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
@@ -152,6 +153,8 @@ def main(settings: Settings) -> int:
     if cpu_attention.on_cpu_backend():
         swapped = transpose_linears(model)
         log.debug("linear layers: %d stored transposed (engine/cpu_linear.py)", swapped)
+    if head_on_last_position(model):
+        log.debug("output head: last position only (engine/last_logits.py)")
     with watchdog.guard("KV size probe (one-token forward)"):
         per_token = kv_bytes_per_token(model, group)
     # After the probe: the guard does not nest, and the probe holds one around its forward.

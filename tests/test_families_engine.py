@@ -11,6 +11,7 @@ from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
+from engine.last_logits import head_on_last_position
 from engine.prefix_store import kv_bytes_per_token
 from engine.step_plan import Insert, StepPlan
 from tests.support.tiny_families import MLX_LM_CONFIGS, PLAIN_KV, write_family_model
@@ -84,3 +85,14 @@ def test_compiled_decode_gives_the_eager_tokens_or_steps_aside(family_model):
     }, name
     # Plain KV caches compile; sliding windows, recurrent state and indexers decode eagerly.
     assert bool(compiled._shapes) == (name in PLAIN_KV), name
+
+
+def test_the_head_on_the_last_position_gives_the_same_answers(family_model, tmp_path):
+    name, model = family_model
+    wrapped = load_model(write_family_model(tmp_path, name))[0]
+    assert head_on_last_position(wrapped), name
+    reference = greedy_run(model, chunk=16, prompts=PROMPTS)
+    same = greedy_run(wrapped, chunk=16, prompts=PROMPTS)
+    for seq, (tokens, first) in reference.items():
+        assert same[seq][0] == tokens, name
+        np.testing.assert_allclose(same[seq][1], first, atol=1e-5)
