@@ -137,8 +137,9 @@ class CompiledDecode:
         if shape not in self._shapes:
             self._shapes.add(shape)
             log.debug("compiled decode: traced batch %d over %d positions", *shape)
+        offset = first.offset + 1  # every layer's is the same; arrays are never mutated
         for i, cache in enumerate(caches):
             cache.keys, cache.values = updated[2 * i], updated[2 * i + 1]
-            cache.offset = cache.offset + 1
+            cache.offset = offset
             cache._idx += 1
         return logits

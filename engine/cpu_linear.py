@@ -58,7 +58,8 @@ class TransposedEmbedding(nn.Module):
         return x @ self.weight_t
 
 
-def _ties_head(model: nn.Module) -> bool:
+def ties_head(model: nn.Module) -> bool:
+    """Whether `model` computes its logits with its embedding table (`as_linear`)."""
     args = getattr(model, "args", None)
     return bool(getattr(args, "tie_word_embeddings", False))
 
@@ -66,17 +67,20 @@ def _ties_head(model: nn.Module) -> bool:
 def transpose_linears(model: nn.Module) -> int:
     """Swap `model`'s plain linear layers (and a tied head's embedding) for transposed
     ones, in place, one evaluated at a time; returns how many."""
-    embeddings = _ties_head(model)
+    embeddings = ties_head(model)
     count = 0
 
-    def swapped(child: Any) -> Any:
+    def converted(child: Any) -> Any:
+        """`child` swapped, or (a module) visited and kept."""
         nonlocal count
         if type(child) is nn.Linear:
             new: nn.Module = TransposedLinear(child)
         elif embeddings and type(child) is nn.Embedding:
             new = TransposedEmbedding(child)
         else:
-            return None
+            if isinstance(child, nn.Module):
+                visit(child)
+            return child
         mx.eval(new.parameters())
         count += 1
         return new
@@ -84,18 +88,9 @@ def transpose_linears(model: nn.Module) -> int:
     def visit(module: nn.Module) -> None:
         for key, child in list(module.items()):
             if isinstance(child, list):
-                for i, item in enumerate(child):
-                    replacement = swapped(item)
-                    if replacement is not None:
-                        child[i] = replacement
-                    elif isinstance(item, nn.Module):
-                        visit(item)
+                child[:] = [converted(item) for item in child]  # in place: shared lists stay
             elif isinstance(child, nn.Module):
-                replacement = swapped(child)
-                if replacement is not None:
-                    module[key] = replacement
-                else:
-                    visit(child)
+                module[key] = converted(child)
 
     visit(model)
     return count

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.cpu_linear import TransposedEmbedding, TransposedLinear
+from engine.cpu_linear import TransposedEmbedding, TransposedLinear, ties_head
 
 HEADS = (nn.Linear, nn.QuantizedLinear, TransposedLinear)
 EMBEDDINGS = (nn.Embedding, nn.QuantizedEmbedding, TransposedEmbedding)
@@ -64,8 +64,7 @@ def head_on_last_position(model: nn.Module) -> bool:
         return True
     inner = model.get("model")
     embedding = inner.get("embed_tokens") if isinstance(inner, nn.Module) else None
-    tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
-    if head is None and tied and type(embedding) in EMBEDDINGS:
+    if head is None and ties_head(model) and type(embedding) in EMBEDDINGS:
         inner.embed_tokens = LastPositionTiedHead(embedding)
         return True
     language = model.get("language_model")  # multimodal families wrap the text model
