@@ -42,6 +42,7 @@ from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.protocol import RankStatus
 from ipc.server import Event, SocketServer
+from launcher.command import blas_in_use
 
 EXIT_BAD_MODEL = 2
 EXIT_DIVERGED = 4
@@ -151,6 +152,7 @@ def main(settings: Settings) -> int:
     except ModelLoadError as exc:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     if cpu_attention.on_cpu_backend():
+        log.info("matrix products: %s", blas_in_use() or "MLX's own BLAS (no OpenBLAS here)")
         swapped = transpose_linears(model)
         log.debug("linear layers: %d stored transposed (engine/cpu_linear.py)", swapped)
     if head_on_last_position(model):

@@ -231,7 +231,7 @@ class Peer:
         # quiet: each rank's stdin is /dev/null, so mlx.launch can stop relaying it
         python = ["/bin/sh", "-c", 'exec "$0" "$@" </dev/null', str(PY)] if self.quiet else None
         job = Job(program=server, port=random_free_port_run(self.ranks), ranks=self.ranks)
-        blas = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
+        blas = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE")
         job.rank_env = {k: self.env[k] for k in blas if k in self.env}
         if python:
             job.python = python
