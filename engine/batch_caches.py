@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList
 
 
 def merged(per_sequence: Sequence[Sequence[Any]]) -> list[Any]:
@@ -33,5 +33,10 @@ def _pad(layer: Any, padding: list[int]) -> None:
     elif isinstance(layer, CacheList):
         for part in layer.caches:
             _pad(part, padding)
+    elif isinstance(layer, BatchKVCache) and layer.keys is not None:
+        # rows merged from cached prefixes (prepare() pads empty caches only): the padding
+        # goes right after the positions merge() already padded, before the next write
+        layer.left_padding = layer.left_padding + mx.array(padding)
+        layer.offset = layer.offset - mx.array(padding)
     else:
         layer.prepare(left_padding=padding)

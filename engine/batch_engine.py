@@ -287,25 +287,30 @@ class BatchEngine:
 
     def _fresh_group(self, budget: int | None) -> list[_Prefill]:
         """Leading unstarted short prompts (at most one chunk each) that fit `budget`
-        together, left-padded (None: no limit on their total)."""
+        together (None: no limit on their total). Whole prompts are left-padded to the
+        group's width; one that starts from a cached prefix is not padded, so it joins
+        only at the group's width (rank 0 aligns bursts so: engine/prefix_cache.py)."""
         group: list[_Prefill] = []
         width = 0
         for entry in self.prefilling:
-            if entry.position or entry.prefix_len or len(entry.tokens) > self.prefill_chunk_size:
+            if entry.position or len(entry.tokens) > self.prefill_chunk_size:
                 break
             wider = max(width, len(entry.tokens))
             if budget is not None and (len(group) + 1) * wider > budget:
+                break
+            if any(e.prefix_len and len(e.tokens) != wider for e in [*group, entry]):
                 break
             group.append(entry)
             width = wider
         return group
 
     def _prefill_together(self, group: list[_Prefill]) -> tuple[mx.array, list]:
-        """One forward for several whole prompts, left-padded into one batch cache."""
+        """One forward for several prompts' rests, left-padded into one batch cache after
+        their cached prefixes (rows of different prefix lengths are left-padded too)."""
         width = max(len(e.tokens) for e in group)
         padding = [width - len(e.tokens) for e in group]
         tokens = mx.array([[0] * p + e.tokens for p, e in zip(padding, group, strict=True)])
-        cache = merged([make_prompt_cache(self.model) for _ in group])
+        cache = merged([e.cache or make_prompt_cache(self.model) for e in group])
         left_pad(cache, padding)
         for entry in group:
             entry.position = len(entry.tokens)

@@ -19,6 +19,12 @@ log = logging.getLogger("ring.prefix")
 # A queued request waits for a prefix that a prefilling request is about to store when
 # that saves it at least this many prompt tokens (else it prefills them itself).
 HOLD_FOR_TOKENS = 64
+# Short prompts admitted together prefill in one batched forward only where their rests
+# have one width (engine/batch_engine.py). Measured here on the CPU (6 prompts of 43 tokens
+# after a cached prefix, one thread): batched 6.9 ms a token against 8.1 one by one with
+# OpenBLAS's SSE3 kernels, 2.7 against 5.1 with its AVX-512 ones. So a burst recomputes
+# cached tokens to reach one width where that adds at most a quarter to its tokens.
+BURST_EXTRA = 1.25
 
 
 @dataclass
@@ -70,6 +76,31 @@ class PrefixCache:
             ops.evicts += reservation.evicts
             self._prompt_entries[seq_id] = reservation.entry
         return insert
+
+    def align_burst(self, inserts: list[Insert], prompts: list[list[int]], chunk: int) -> None:
+        """Give the leading inserts of a plan whose rests fit one `chunk` one width: each
+        reuses its cached prefix up to its prompt's last `width` tokens (a shorter prompt
+        prefills whole), `width` being the longest rest among them; only where that
+        prefills at most BURST_EXTRA times the tokens of the rests alone."""
+        burst = []
+        for insert in inserts:
+            if len(insert.tokens) > chunk:
+                break
+            burst.append(insert)
+        if len(burst) < 2 or not any(insert.prefix_len for insert in burst):
+            return
+        width = max(len(insert.tokens) for insert in burst)
+        if width * len(burst) > BURST_EXTRA * sum(len(insert.tokens) for insert in burst):
+            return
+        for insert, prompt in zip(burst, prompts, strict=False):
+            reused = max(0, len(prompt) - width)
+            self.hit_tokens -= insert.prefix_len - reused
+            insert.tokens = prompt[reused:]
+            insert.prefix_len = reused
+            if not reused and insert.prefix_entry:
+                insert.prefix_entry = 0
+                self.hits -= 1
+                self.misses += 1
 
     def prefilled(self, seq_id: int) -> None:
         """The sequence's prompt is in every rank's cache now (its first token came back)."""

@@ -188,6 +188,7 @@ class Scheduler:
         self.prefix.plan_stores(ops)
         room = self.max_batch_size - (engine.size - len(removed))
         inserts = []
+        admitted = []
         for request in list(self.queue):
             if room <= 0:
                 break
@@ -196,6 +197,13 @@ class Scheduler:
                 continue  # a prefilling request is about to store most of its prompt
             self.queue.remove(request)
             self.active[request.seq_id] = request
+            inserts.append(insert)
+            admitted.append(request)
+            room -= 1
+        if not engine.prefilling:  # else the engine's group could not start with these
+            prompts = [request.prompt for request in admitted]
+            self.prefix.align_burst(inserts, prompts, engine.prefill_chunk_size)
+        for request, insert in zip(admitted, inserts, strict=True):
             request.prefix_len = insert.prefix_len
             if insert.prefix_len:
                 log.debug(
@@ -205,8 +213,6 @@ class Scheduler:
                     len(request.prompt),
                     insert.prefix_entry,
                 )
-            inserts.append(insert)
-            room -= 1
         return StepPlan(
             step=engine.step_index,
             fingerprint=engine.fingerprint(),

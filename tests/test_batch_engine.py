@@ -129,3 +129,39 @@ def test_a_burst_of_short_prompts_prefills_in_one_step_unless_answers_run(model)
     engine.apply(StepPlan(engine.step_index, engine.fingerprint(), tokens=tokens, inserts=later))
     result = engine.run()
     assert len(result.seq_ids) == 8 + 1  # with answers running: one 40-token prompt fits 64
+
+
+def test_a_burst_with_cached_prefixes_prefills_in_one_step_and_decodes_as_alone(model):
+    """Rows from prefix entries (of different prefix lengths) beside a whole, left-padded
+    prompt, as rank 0 aligns a burst (engine/prefix_cache.py): one forward, and each row's
+    logits and greedy tokens those of its prompt alone."""
+    shared = list(range(40, 70))
+    prompts = [shared + list(range(200, 213)), shared[:25] + list(range(300, 321)), [5, 6, 7]]
+    width = 21  # the longest rest: the second prompt's after its 25 cached tokens
+    engine = BatchEngine(model, 32)  # one by one, 21 + 21 tokens would take two steps
+    _last_logits(engine, StepPlan(0, engine.fingerprint(), inserts=[Insert(1, shared, store_as=7)]))
+    reused = [len(prompts[0]) - width, 25]
+    inserts = [
+        Insert(2, prompts[0][reused[0] :], prefix_entry=7, prefix_len=reused[0]),
+        Insert(3, prompts[1][25:], prefix_entry=7, prefix_len=25),
+        Insert(4, prompts[2]),
+    ]
+    engine.apply(StepPlan(engine.step_index, engine.fingerprint(), removes=[1], inserts=inserts))
+    result = engine.run()
+    assert result.seq_ids == [2, 3, 4]  # one step: the three prefilled in one forward
+    rows = np.array(result.logits.astype(mx.float32))
+    tokens = {seq: [int(row.argmax())] for seq, row in zip(result.seq_ids, rows, strict=True)}
+    for _ in range(4):
+        plan = StepPlan(
+            engine.step_index, engine.fingerprint(), tokens=[t[-1] for t in tokens.values()]
+        )
+        engine.apply(plan)
+        rows = np.array(engine.run().logits.astype(mx.float32))
+        for seq, row in zip(tokens, rows, strict=True):
+            tokens[seq].append(int(row.argmax()))
+    for seq, prompt, first in zip(
+        tokens, prompts, np.array(result.logits.astype(mx.float32)), strict=True
+    ):
+        alone = greedy_run(model, chunk=256, prompts=[prompt], steps=5)[1]
+        np.testing.assert_allclose(first, alone[1], atol=1e-4)
+        assert tokens[seq] == alone[0][:5]

@@ -108,3 +108,35 @@ def test_finished_requests_are_stored_and_cancelled_prefills_forgotten():
     cache.plan_stores(ops)
     assert [(s.seq_id, s.length) for s in ops.stores] == [(2, 53)]
     assert len(cache.index.entries) == 1  # the prompt entry was replaced by the longer one
+
+
+def test_a_burst_gets_one_width_unless_that_recomputes_too_much():
+    cache = PrefixCache(budget_tokens=1000, min_tokens=4)
+    system = list(range(100, 140))  # a shared system prompt, stored by a first request
+    assert cache.admit(1, system + [1], PlanOps()) is not None
+    cache.prefilled(1)
+    cache.finished(1, system + [1], completed=False)
+    prompts = [system + list(range(200, 210)), system + list(range(300, 312)), list(range(5, 13))]
+    inserts = [cache.admit(i + 2, p, PlanOps()) for i, p in enumerate(prompts)]
+    assert all(inserts) and [i.prefix_len for i in inserts if i] == [40, 40, 0]
+    before = cache.hit_tokens
+    cache.align_burst([i for i in inserts if i], prompts, chunk=256)
+    # one width, the longest rest (12): 2 tokens of the first prompt's prefix run again,
+    # the short prompt stays whole (left-padded by the engine)
+    assert [len(i.tokens) for i in inserts if i] == [12, 12, 8]
+    assert [i.prefix_len for i in inserts if i] == [38, 40, 0]
+    assert [i.tokens for i in inserts if i] == [p[-12:] for p in prompts[:2]] + [prompts[2]]
+    assert cache.hit_tokens == before - 2
+    # a hit whose whole prompt is no wider than the burst prefills whole: a miss after all
+    hits, misses = cache.hits, cache.misses
+    burst = [system[:30] + [7] * 5] + [list(range(1000 * k, 1000 * k + 40)) for k in (1, 2, 3, 4)]
+    admitted = [cache.admit(20 + k, p, PlanOps()) for k, p in enumerate(burst)]
+    assert [i.prefix_len for i in admitted if i] == [30, 0, 0, 0, 0]
+    cache.align_burst([i for i in admitted if i], burst, 256)
+    assert [(i.prefix_len, i.prefix_entry, len(i.tokens)) for i in admitted if i][0] == (0, 0, 35)
+    assert (cache.hits, cache.misses) == (hits, misses + 5)
+    # a long rest beside a short one would recompute most of the short one's prefix: no
+    lopsided = [cache.admit(9, system + list(range(400, 600)), PlanOps()), inserts[0]]
+    widths = [len(i.tokens) for i in lopsided if i]
+    cache.align_burst([i for i in lopsided if i], [system + list(range(400, 600)), prompts[0]], 256)
+    assert [len(i.tokens) for i in lopsided if i] == widths
