@@ -132,6 +132,8 @@ class Settings(BaseSettings):
     default_top_k: int = Field(default=0, ge=0)
     default_min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     prefill_chunk_size: int = Field(default=256, ge=16)
+    # a request reaching an idle cluster waits up to this long for more (engine/leader.py)
+    burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
     # per rank; None: 25% of the memory each rank has left after its weights
