@@ -1,21 +1,28 @@
-"""A decode step-time model: the bytes a step reads over the memory bandwidth, plus its
-collectives times their measured cost, plus a fixed part (graph building, plan, sampling)
-calibrated once. Checked against measured steps here, then applied to named Mac clusters.
+"""A decode step-time model: the bytes on a step's critical path over the rate a rank reads
+and multiplies them, plus the step's collectives times their measured cost, plus the
+per-step overhead that no weight causes. Calibrated on one rank here, checked against
+measured 2- and 3-rank steps, then applied to named Mac clusters.
 
-    .venv/bin/python -m bench.step_model --bandwidth run/bench/bandwidth.json \
-        --collective-ms 0.12 --all-sums 62 \
-        --steps run/bench/steps-after-1.json run/bench/steps-after-2.json ...
+    .venv/bin/python -m bench.step_model --overhead run/bench/steps-overhead.json \
+        --collective-ms 2=0.044 3=4.5 --all-sums 61 \
+        --steps run/bench/steps-1-t1.json run/bench/steps-1.json run/bench/steps-2.json ...
 
-    step(R) = fixed + bytes(R) / bandwidth + collectives(R) x cost
+    step = (overhead + critical bytes / rate(T)) x oversubscription + collectives x cost
 
-- bytes(R): every weight byte of every rank (`weight_bytes` in bench.step_time's report):
-  a batch-1 decode step reads all of them once, and local ranks share one memory bus;
-- bandwidth: bench.bandwidth's `limit_gb_s` (the highest read rate measured here);
-- collectives(R): tensor parallel makes `--all-sums` all_sums a step (counted with
-  RING_PROFILE_COLLECTIVES: `forward_all_sums` of bench.step_time --profile-collectives);
-  a pipeline of R stages hands the activations on R times (one hop each);
-- cost: one all_sum of a step's activations (bench/collectives.py, 2 ranks);
-- fixed: calibrated on the 1-rank step (measured minus bytes / bandwidth).
+- overhead: bench.step_time of a model with the same layers and almost no weights
+  (`--overhead`): graph building, plan, sampling, streaming;
+- critical bytes: tensor parallel, the busiest rank's weight bytes (the ranks compute at
+  once); a pipeline, every rank's (its stages run one after another); one rank, all;
+- rate(T): the bytes a rank processes per ms with T OpenBLAS threads, calibrated on a
+  1-rank run with T threads (its weight bytes over its step less the overhead). On a
+  machine that decodes at its memory bandwidth (a Mac's GPU) this is that bandwidth; on
+  this CPU it is bound by the kernels, and T matters: local ranks get cores / ranks each;
+- oversubscription: ranks over cores when local ranks outnumber them. Ranks waiting in a
+  collective poll: a 3-rank pipeline decoding one token kept both cores busy (57 + 75 +
+  65% of a core), so the one stage that computes gets 2/3 of a core;
+- collectives: tensor parallel makes `--all-sums` all_sums a step (RING_PROFILE_COLLECTIVES
+  counts them), a pipeline of R stages hands the activations on R times; cost: one
+  all_sum of a step's activations at that rank count (bench/collectives.py).
 
 Mac clusters (`CLUSTERS`) are predictions from published specifications and the
 assumptions written next to them, not measurements: no Mac runs here.
@@ -33,17 +40,26 @@ from pathlib import Path
 class Measured:
     ranks: int
     strategy: str
-    weight_bytes: int
+    weight_bytes: tuple[int, ...]  # each rank's
     step_ms: float
+    threads: int  # OpenBLAS threads per rank
+    cores: int  # of the machine every rank ran on
+
+    @property
+    def oversubscription(self) -> float:
+        return max(1.0, self.ranks / self.cores)
 
 
 def load_steps(path: Path, batch: int) -> Measured:
     report = json.loads(path.read_text())
+    cores = report.get("cores", 2)
     return Measured(
         ranks=report["ranks"],
         strategy=report.get("strategy", "single"),
-        weight_bytes=sum(report["weight_bytes"]),
+        weight_bytes=tuple(report["weight_bytes"]),
         step_ms=report[f"batch_{batch}"]["step_ms"],
+        threads=report.get("threads", max(1, cores // report["ranks"])),
+        cores=cores,
     )
 
 
@@ -53,8 +69,22 @@ def collectives(m: Measured, all_sums: int) -> int:
     return m.ranks if m.strategy == "pipeline" else all_sums
 
 
-def predict(m: Measured, fixed_ms: float, gb_s: float, all_sums: int, cost_ms: float) -> float:
-    return fixed_ms + m.weight_bytes / gb_s / 1e6 + collectives(m, all_sums) * cost_ms
+def critical_bytes(m: Measured) -> int:
+    if m.strategy.startswith("tensor"):
+        return max(m.weight_bytes)
+    return sum(m.weight_bytes)
+
+
+def rate(one: Measured, overhead_ms: float) -> float:
+    """Bytes per ms a rank processes with one's threads (one: a 1-rank run)."""
+    return sum(one.weight_bytes) / (one.step_ms - overhead_ms)
+
+
+def predict(
+    m: Measured, overhead_ms: float, bytes_per_ms: float, all_sums: int, cost_ms: float
+) -> float:
+    compute = overhead_ms + critical_bytes(m) / bytes_per_ms
+    return compute * m.oversubscription + collectives(m, all_sums) * cost_ms
 
 
 # ---- Mac clusters -----------------------------------------------------------------------
@@ -115,29 +145,38 @@ def mac_step_ms(cluster: Cluster) -> tuple[float, float]:
     return memory, cluster.all_sums * cluster.all_sum_us / 1e3
 
 
+def _costs(items: list[str]) -> dict[int, float]:
+    """["2=0.044", "3=4.5"] -> {2: 0.044, 3: 4.5}"""
+    return {int(ranks): float(ms) for ranks, ms in (item.split("=") for item in items)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bandwidth", type=Path, required=True)
+    parser.add_argument("--overhead", type=Path, required=True)
     parser.add_argument("--steps", type=Path, nargs="+", required=True)
-    parser.add_argument("--collective-ms", type=float, required=True)
+    parser.add_argument("--collective-ms", nargs="+", required=True, help="RANKS=MS ...")
     parser.add_argument("--all-sums", type=int, required=True)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    gb_s = json.loads(args.bandwidth.read_text())["limit_gb_s"]
+    costs = _costs(args.collective_ms)
+    overhead = load_steps(args.overhead, args.batch).step_ms
     measured = sorted((load_steps(p, args.batch) for p in args.steps), key=lambda m: m.ranks)
-    one = measured[0]
-    assert one.ranks == 1, "the first steps file must be the 1-rank run (the calibration)"
-    fixed = one.step_ms - one.weight_bytes / gb_s / 1e6
-    print(f"bandwidth {gb_s} GB/s; fixed part {fixed:.1f} ms (calibrated on 1 rank)")
-    print("| ranks | plan | bytes read | collectives | predicted ms | measured ms | error |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    rates = {m.threads: rate(m, overhead) for m in measured if m.ranks == 1}
+    print(f"batch {args.batch}: overhead {overhead:.1f} ms a step; rate per rank by OpenBLAS")
+    print("threads: " + ", ".join(f"{t}: {r / 1e6:.2f} GB/s" for t, r in sorted(rates.items())))
+    columns = "ranks | plan | threads | critical bytes | collectives | predicted ms | measured ms"
+    print(f"| {columns} | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in measured:
-        predicted = predict(m, fixed, gb_s, args.all_sums, args.collective_ms)
-        error = (predicted - m.step_ms) / m.step_ms
+        if m.threads not in rates:
+            print(f"| {m.ranks} | {m.strategy} | {m.threads} | no 1-rank run with these threads |")
+            continue
+        cost = costs.get(m.ranks, 0.0)
+        predicted = predict(m, overhead, rates[m.threads], args.all_sums, cost)
+        error = "calibration" if m.ranks == 1 else f"{(predicted - m.step_ms) / m.step_ms:+.0%}"
         print(
-            f"| {m.ranks} | {m.strategy} | {m.weight_bytes / 2**20:.0f} MiB | "
-            f"{collectives(m, args.all_sums)} | {predicted:.1f} | {m.step_ms:.1f} | "
-            f"{error:+.0%} |"
+            f"| {m.ranks} | {m.strategy} | {m.threads} | {critical_bytes(m) / 2**20:.0f} MiB | "
+            f"{collectives(m, args.all_sums)} | {predicted:.1f} | {m.step_ms:.1f} | {error} |"
         )
     print()
     print(f"Predictions (assumed {MAC_BANDWIDTH_FRACTION:.0%} of the specified bandwidth):")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import time
@@ -66,6 +67,9 @@ def main() -> None:
     env |= dict(item.split("=", 1) for item in args.env)
     report: dict = {"ranks": args.ranks, "model": args.model or "default"}
     with Cluster(args.model, ranks=args.ranks, env=env, ready_timeout=600) as cluster:
+        # OpenBLAS's own default is a thread per core
+        report["cores"] = os.cpu_count() or 1
+        report["threads"] = int(cluster.environment().get("OPENBLAS_NUM_THREADS", report["cores"]))
         time.sleep(1.0)
         status = cluster.status()
         report["strategy"] = status.plan.get("strategy", "single")

@@ -262,30 +262,54 @@ def test_compiled_decode_bench_decodes_the_same_tokens_every_way(tiny_llama: Pat
     assert done.stdout.count("ms a token") == 3
 
 
-def test_step_model_is_calibrated_on_one_rank_and_adds_bytes_and_collectives(
+def test_step_model_calibrates_rates_on_one_rank_and_adds_collectives_and_oversubscription(
     tmp_path: Path,
 ) -> None:
-    from bench.step_model import CLUSTERS, Measured, collectives, mac_step_ms, predict
+    from bench.step_model import CLUSTERS, Measured, critical_bytes, mac_step_ms, predict, rate
 
-    one = Measured(ranks=1, strategy="single", weight_bytes=10**9, step_ms=120.0)
-    fixed = one.step_ms - 10**9 / 10.0 / 1e6  # 10 GB/s: 100 ms of reading
-    assert predict(one, fixed, 10.0, 61, 0.5) == pytest.approx(120.0)
-    tensor = Measured(ranks=2, strategy="tensor-uneven", weight_bytes=10**9, step_ms=0.0)
-    pipeline = Measured(ranks=3, strategy="pipeline", weight_bytes=10**9, step_ms=0.0)
-    assert collectives(tensor, 61) == 61 and collectives(pipeline, 61) == 3
-    assert predict(tensor, fixed, 10.0, 61, 0.5) == pytest.approx(120.0 + 30.5)
+    def run(ranks: int, strategy: str, threads: int, ms: float = 0.0) -> Measured:
+        shares = tuple([10**9 // ranks] * ranks)
+        return Measured(ranks, strategy, shares, ms, threads=threads, cores=2)
+
+    one = run(1, "single", threads=1, ms=110.0)
+    per_ms = rate(one, overhead_ms=10.0)  # 10**9 bytes in the 100 ms past the overhead
+    assert per_ms == pytest.approx(10**7)
+    assert predict(one, 10.0, per_ms, 61, 0.5) == pytest.approx(110.0)
+    tensor, pipeline = run(2, "tensor-uneven", 1), run(3, "pipeline", 1)
+    assert critical_bytes(tensor) == 5 * 10**8 and critical_bytes(pipeline) == 999999999
+    # the busiest rank's half at once, plus 61 all_sums
+    assert predict(tensor, 10.0, per_ms, 61, 0.5) == pytest.approx(10 + 50 + 30.5)
+    # three stages in turn on two cores: every stage at 2/3 of a core, 3 hand-overs
+    assert predict(pipeline, 10.0, per_ms, 61, 0.5) == pytest.approx(110 * 1.5 + 1.5, rel=1e-6)
     memory, talk = mac_step_ms(CLUSTERS[0])
     assert 5 < memory < 30 and talk > mac_step_ms(CLUSTERS[1])[1]  # ring costs more than RDMA
-    for ranks, ms in ((1, 120.0), (2, 150.0)):
-        report = {"ranks": ranks, "weight_bytes": [10**9 // ranks] * ranks}
-        report["strategy"] = "tensor-uneven" if ranks > 1 else "single"
+    for name, ranks, ms, weights in (
+        ("1", 1, 110.0, 10**9),
+        ("2", 2, 95.0, 10**9),
+        ("o", 1, 10.0, 1),
+    ):
+        report = {"ranks": ranks, "weight_bytes": [weights // ranks] * ranks, "threads": 1}
+        report |= {"cores": 2, "strategy": "tensor-uneven" if ranks > 1 else "single"}
         report["batch_1"] = {"step_ms": ms}
-        (tmp_path / f"steps-{ranks}.json").write_text(json.dumps(report))
-    (tmp_path / "bw.json").write_text(json.dumps({"limit_gb_s": 10.0}))
-    args = ["--bandwidth", str(tmp_path / "bw.json"), "--collective-ms", "0.5", "--all-sums"]
-    args += ["61", "--steps", str(tmp_path / "steps-2.json"), str(tmp_path / "steps-1.json")]
+        (tmp_path / f"steps-{name}.json").write_text(json.dumps(report))
+    args = ["--overhead", str(tmp_path / "steps-o.json"), "--collective-ms", "2=0.5"]
+    args += ["--all-sums", "61", "--steps", str(tmp_path / "steps-2.json")]
+    args += [str(tmp_path / "steps-1.json")]
     done = subprocess.run(
         [sys.executable, "-m", "bench.step_model", *args], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert "| 2 | tensor-uneven | 954 MiB | 61 | 150.5 | 150.0 | +0% |" in done.stdout
+    assert "| 2 | tensor-uneven | 1 | 477 MiB | 61 | 90.5 | 95.0 | -5% |" in done.stdout
+
+
+def test_engine_steps_bench_prefills_together_then_decodes(tiny_llama: Path) -> None:
+    for layout in ([], ["--plain-linears", "--eager"]):
+        args = ["--model", str(tiny_llama), "--batch", "3", "--prompt", "9", "--steps", "5"]
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.engine_steps", *args, *layout],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "batch 3 x 9 prompt tokens: prefill" in done.stdout
+        assert "(median of 4)" in done.stdout  # the first decode step is not counted

@@ -1,0 +1,73 @@
+"""The batch engine's steps in one process, as rank 0 runs them: B prompts of P tokens
+prefilled together, then N decode steps; prints the prefill and the median decode step.
+
+    LD_PRELOAD=<OpenBLAS> [OPENBLAS_CORETYPE=Prescott] .venv/bin/python -m bench.engine_steps \
+        --batch 8 --prompt 70 --steps 64 [--plain-linears] [--eager]
+
+The model is set up as server.py does on MLX's CPU backend (the attention kernel, linear
+layers stored transposed, the head on the last position), unless --plain-linears keeps
+mlx-lm's [out, in] weights. For comparing OpenBLAS's kernels (OPENBLAS_CORETYPE) and
+layouts without a server around them; bench.step_time measures the server's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.utils import load_model
+
+from bench.compiled_decode import DEFAULT_MODEL
+from engine import cpu_attention
+from engine.batch_engine import BatchEngine
+from engine.compiled_decode import CompiledDecode
+from engine.cpu_linear import transpose_linears
+from engine.last_logits import head_on_last_position
+from engine.step_plan import Insert, StepPlan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=70, help="tokens per prompt")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps")
+    parser.add_argument("--plain-linears", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="no compiled decode")
+    args = parser.parse_args()
+    model, _ = load_model(args.model)
+    model.eval()
+    cpu_attention.install()
+    if not args.plain_linears:
+        transpose_linears(model)
+    head_on_last_position(model)
+    engine = BatchEngine(model, 256, compiled=None if args.eager else CompiledDecode(model))
+    vocab = model.args.vocab_size
+    prompts = [
+        [(7 * row + i) % (vocab - 100) + 100 for i in range(args.prompt)]
+        for row in range(args.batch)
+    ]
+    plan = StepPlan(
+        0, engine.fingerprint(), inserts=[Insert(i + 1, p) for i, p in enumerate(prompts)]
+    )
+    times = []
+    for _ in range(args.steps + 1):
+        engine.apply(plan)
+        started = time.perf_counter()
+        result = engine.run()
+        tokens = dict(zip(result.seq_ids, mx.argmax(result.logits, axis=-1).tolist(), strict=True))
+        times.append((time.perf_counter() - started) * 1e3)
+        next_tokens = [tokens[seq_id] for seq_id in engine.decode_ids]
+        plan = StepPlan(engine.step_index, engine.fingerprint(), tokens=next_tokens)
+    decode = statistics.median(times[2:])
+    print(
+        f"batch {args.batch} x {args.prompt} prompt tokens: prefill {times[0]:.0f} ms, "
+        f"decode {decode:.1f} ms a step (median of {len(times) - 2})"
+    )
+
+
+if __name__ == "__main__":
+    main()
