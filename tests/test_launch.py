@@ -282,7 +282,10 @@ def test_a_killed_rank_is_restarted_and_status_says_so(project: Project) -> None
         time.sleep(0.5)
     assert done.returncode == 0, done.stdout
     assert "supervisor: running, 1 restart of the ranks, 0 of api.py; last failure" in done.stdout
-    assert "(ranks): rank 1 was killed by signal 9" in done.stdout, done.stdout
+    # mlx.launch reports the signal; when rank 0 sees rank 1's wake channel close first and
+    # stops, its line may be the only one when the supervisor reads why (a CI run)
+    named = ("(ranks): rank 1 was killed by signal 9", "rank 1 exited (its wake channel closed)")
+    assert any(reason in done.stdout for reason in named), done.stdout
     assert project.pid("ranks.pid") != ranks and not _alive(ranks)  # a new job
     assert project.pid("api.pid") == api  # api.py stayed up
     assert "health: ready (HTTP 200)" in done.stdout
