@@ -52,14 +52,13 @@ class Measured:
 
 def load_steps(path: Path, batch: int) -> Measured:
     report = json.loads(path.read_text())
-    cores = report.get("cores", 2)
     return Measured(
         ranks=report["ranks"],
         strategy=report.get("strategy", "single"),
         weight_bytes=tuple(report["weight_bytes"]),
         step_ms=report[f"batch_{batch}"]["step_ms"],
-        threads=report.get("threads", max(1, cores // report["ranks"])),
-        cores=cores,
+        threads=report["threads"],  # bench.step_time records both
+        cores=report["cores"],
     )
 
 

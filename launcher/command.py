@@ -79,12 +79,24 @@ def blas_in_use() -> str | None:
     return f"{' '.join(version)}, {kernels} kernels{forced}"
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The instruction-set flags of this machine's first CPU (none where Linux's cpuinfo is
+    not there)."""
+    if not cpuinfo.exists():
+        return set()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
 def blas_kernels(
     environ: dict[str, str] | os._Environ[str] = os.environ, cpuinfo: Path = Path("/proc/cpuinfo")
 ) -> dict[str, str]:
     """OPENBLAS_CORETYPE naming the kernels this CPU runs, where this host's OpenBLAS fell
     back to Prescott's (unless OPENBLAS_CORETYPE is set already)."""
-    if "OPENBLAS_CORETYPE" in environ or not cpuinfo.exists():
+    flags = cpu_flags(cpuinfo)
+    if "OPENBLAS_CORETYPE" in environ or not flags:
         return {}
     try:
         corename = ctypes.CDLL(str(OPENBLAS)).openblas_get_corename
@@ -93,11 +105,6 @@ def blas_kernels(
     corename.restype = ctypes.c_char_p
     if corename() != b"Prescott":
         return {}
-    flags: set[str] = set()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            break
     for kernels, needs in KERNELS:
         if needs <= flags:
             return {"OPENBLAS_CORETYPE": kernels}

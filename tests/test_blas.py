@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import OPENBLAS, ROOT
+from launcher.command import OPENBLAS, ROOT, cpu_flags
 
 pytestmark = pytest.mark.skipif(not OPENBLAS.exists(), reason="no Debian OpenBLAS here")
 
@@ -53,9 +53,7 @@ def test_an_operators_choice_is_kept(tmp_path):
 def test_the_kernels_reach_the_ranks_and_their_log_line(tmp_path):
     """scripts/rank.sh execs each rank through `launcher.command exec`; server.py logs
     blas_in_use() once the model is loaded."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    flags = next(line.partition(":")[2] for line in lines if line.startswith("flags"))
-    library_core, kernels = _probe(tmp_path, flags)
+    library_core, kernels = _probe(tmp_path, " ".join(sorted(cpu_flags())))
     probe = "from launcher.command import blas_in_use; print(blas_in_use())"
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "LD_PRELOAD")}
     args = [sys.executable, "-m", "launcher.command", "exec", "-c", probe]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from launcher.command import ROOT as PROJECT_DIR
+from launcher.command import cpu_flags
 from tests.support.probe_runner import Case, run_probe
 from tests.support.tiny_models import write_tiny_model
 
@@ -109,11 +110,6 @@ def _smollm2_dir() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def _avx2() -> bool:
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and " avx2" in cpuinfo.read_text()
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("sharding")
@@ -123,7 +119,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
         # shards' smaller products: the default model's 2-rank batch logits differed from
         # one rank's by 1.3e-4 (2026-11-25); with its AVX2 kernels within 1e-4. Both runs
         # get the AVX2 kernels where the CPU has them.
-        if _avx2() and "OPENBLAS_CORETYPE" not in os.environ:
+        if "avx2" in cpu_flags() and "OPENBLAS_CORETYPE" not in os.environ:
             patch.setenv("OPENBLAS_CORETYPE", "Haswell")
         return _run_probes(root)
 
