@@ -2,11 +2,11 @@
 prefilled together, then N decode steps; prints the prefill and the median decode step.
 
     LD_PRELOAD=<OpenBLAS> [OPENBLAS_CORETYPE=Prescott] .venv/bin/python -m bench.engine_steps \
-        --batch 8 --prompt 70 --steps 64 [--plain-linears] [--eager]
+        --batch 8 --prompt 70 --steps 64 [--layout auto|transposed|plain] [--eager]
 
 The model is set up as server.py does on MLX's CPU backend (the attention kernel, linear
-layers stored transposed, the head on the last position), unless --plain-linears keeps
-mlx-lm's [out, in] weights. For comparing OpenBLAS's kernels (OPENBLAS_CORETYPE) and
+layers stored as LINEAR_LAYOUT=auto chooses, the head on the last position); --layout
+fixes the linear layers' layout instead. For comparing OpenBLAS's kernels (OPENBLAS_CORETYPE) and
 layouts without a server around them; bench.step_time measures the server's steps.
 """
 
@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import get_args
 
 import mlx.core as mx
 from mlx_lm.utils import load_model
@@ -24,7 +25,7 @@ from bench.compiled_decode import DEFAULT_MODEL
 from engine import cpu_attention
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
-from engine.cpu_linear import transpose_linears
+from engine.cpu_linear import Layout, MeasuredLayout, layout_chooser, transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.step_plan import Insert, StepPlan
 
@@ -35,14 +36,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=70, help="tokens per prompt")
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
-    parser.add_argument("--plain-linears", action="store_true")
+    parser.add_argument("--layout", choices=get_args(Layout), default="auto")
     parser.add_argument("--eager", action="store_true", help="no compiled decode")
     args = parser.parse_args()
     model, _ = load_model(args.model)
     model.eval()
     cpu_attention.install()
-    if not args.plain_linears:
-        transpose_linears(model)
+    choose = layout_chooser(args.layout)
+    transpose_linears(model, choose)
+    if isinstance(choose, MeasuredLayout):
+        print("layouts timed:", "; ".join(t.describe() for t in choose.timings))
     head_on_last_position(model)
     engine = BatchEngine(model, 256, compiled=None if args.eager else CompiledDecode(model))
     vocab = model.args.vocab_size

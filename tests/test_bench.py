@@ -303,7 +303,7 @@ def test_step_model_calibrates_rates_on_one_rank_and_adds_collectives_and_oversu
 
 
 def test_engine_steps_bench_prefills_together_then_decodes(tiny_llama: Path) -> None:
-    for layout in ([], ["--plain-linears", "--eager"]):
+    for layout in ([], ["--layout", "plain", "--eager"]):
         args = ["--model", str(tiny_llama), "--batch", "3", "--prompt", "9", "--steps", "5"]
         done = subprocess.run(
             [sys.executable, "-m", "bench.engine_steps", *args, *layout],
