@@ -2,7 +2,7 @@
 end, and why it ended (read from server.log).
 
 mlx.launch gets the reading end of a pipe as stdin; the supervisor keeps the writing end
-open (no EOF) and writes one byte once the ranks are ready (launcher/quiet.py). Every
+open (no EOF) and writes one byte once rank 0's socket is up (launcher/quiet.py). Every
 rank's output goes to server.log after a `==== <time> start: N ranks` marker, so the
 reason a job ended is the first ERROR line after its own marker.
 """
@@ -44,6 +44,7 @@ class RankJob:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self._stdin_write: int | None = None
+        self.quieted = False  # whether quiet() has nudged mlx.launch
         self._log_offset = 0
         self._watch: RankClient | None = None
 
@@ -101,6 +102,7 @@ class RankJob:
         fd = self._stdin_write
         if fd is None or self.ended():
             return None
+        self.quieted = True
         return quiet_launcher(lambda: write_byte(fd), self.pid)
 
     # ---- running ---------------------------------------------------------------------

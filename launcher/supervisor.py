@@ -189,6 +189,11 @@ class Supervisor:
                 if not socket_seen:
                     self.progress.say("    socket is up; waiting for every rank to load")
                     socket_seen = True
+                    # Now, not once ready: rank 0 binds its socket after the group
+                    # handshake, which every rank enters with its stdin closed, and a
+                    # spinning mlx.launch takes a core from the load and from the ranks'
+                    # timing of their weight layouts (engine/cpu_linear.py).
+                    self._quiet_launcher(job)
                 status = job.ready_status()
                 if status is not None:
                     world = status.world_size
@@ -208,13 +213,17 @@ class Supervisor:
         self._set_phase("running")
         note = self.state.degraded_note()
         log.info("the ranks are ready (%d rank(s))%s", job.world, f"; {note}" if note else "")
+        if not job.quieted:  # a small model can be ready before the socket was seen
+            self._quiet_launcher(job)
+        if self.api.process is None and self.api_due is None:
+            self._start_api(first=True)
+        self.progress.ready()
+
+    def _quiet_launcher(self, job: RankJob) -> None:
         line = job.quiet()
         if line:
             self.progress.say(f"    {line}")
             log.info("%s", line)
-        if self.api.process is None and self.api_due is None:
-            self._start_api(first=True)
-        self.progress.ready()
 
     def _watch(self, job: RankJob) -> Ended | None:
         """Block until the job ends (its reason) or a stop (None)."""
