@@ -2,9 +2,10 @@
 end, and why it ended (read from server.log).
 
 mlx.launch gets the reading end of a pipe as stdin; the supervisor keeps the writing end
-open (no EOF) and writes one byte once rank 0's socket is up (launcher/quiet.py). Every
-rank's output goes to server.log after a `==== <time> start: N ranks` marker, so the
-reason a job ended is the first ERROR line after its own marker.
+open (no EOF), writes one byte once rank 0's socket is up and, once the ranks are ready,
+checks that mlx.launch went quiet (launcher/quiet.py). Every rank's output goes to
+server.log after a `==== <time> start: N ranks` marker, so the reason a job ended is the
+first ERROR line after its own marker.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ class RankJob:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self._stdin_write: int | None = None
-        self.quieted = False  # whether quiet() has nudged mlx.launch
         self._log_offset = 0
         self._watch: RankClient | None = None
 
@@ -102,8 +102,12 @@ class RankJob:
         fd = self._stdin_write
         if fd is None or self.ended():
             return None
-        self.quieted = True
         return quiet_launcher(lambda: write_byte(fd), self.pid)
+
+    def nudge(self) -> None:
+        """One byte on mlx.launch's stdin, at once and unchecked (quiet() checks)."""
+        if self._stdin_write is not None and not self.ended():
+            write_byte(self._stdin_write)
 
     # ---- running ---------------------------------------------------------------------
 

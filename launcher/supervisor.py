@@ -192,8 +192,9 @@ class Supervisor:
                     # Now, not once ready: rank 0 binds its socket after the group
                     # handshake, which every rank enters with its stdin closed, and a
                     # spinning mlx.launch takes a core from the load and from the ranks'
-                    # timing of their weight layouts (engine/cpu_linear.py).
-                    self._quiet_launcher(job)
+                    # timing of their weight layouts (engine/cpu_linear.py). The check
+                    # that it worked waits for ready (it takes seconds).
+                    job.nudge()
                 status = job.ready_status()
                 if status is not None:
                     world = status.world_size
@@ -213,17 +214,13 @@ class Supervisor:
         self._set_phase("running")
         note = self.state.degraded_note()
         log.info("the ranks are ready (%d rank(s))%s", job.world, f"; {note}" if note else "")
-        if not job.quieted:  # a small model can be ready before the socket was seen
-            self._quiet_launcher(job)
-        if self.api.process is None and self.api_due is None:
-            self._start_api(first=True)
-        self.progress.ready()
-
-    def _quiet_launcher(self, job: RankJob) -> None:
         line = job.quiet()
         if line:
             self.progress.say(f"    {line}")
             log.info("%s", line)
+        if self.api.process is None and self.api_due is None:
+            self._start_api(first=True)
+        self.progress.ready()
 
     def _watch(self, job: RankJob) -> Ended | None:
         """Block until the job ends (its reason) or a stop (None)."""
