@@ -32,7 +32,7 @@ from engine import cpu_attention
 from engine.batch_engine import BatchEngine, PlanMismatchError
 from engine.compiled_decode import CompiledDecode
 from engine.constraints import GrammarTokens
-from engine.cpu_linear import MeasuredLayout, layout_chooser, transpose_linears
+from engine.cpu_linear import transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefix_cache import PrefixCache
@@ -153,18 +153,9 @@ def main(settings: Settings) -> int:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     if cpu_attention.on_cpu_backend():
         log.info("matrix products: %s", blas_in_use() or "MLX's own BLAS (no OpenBLAS here)")
-        choose = layout_chooser(settings.linear_layout)
-        swapped = transpose_linears(model, choose)
-        timed = (
-            "; timed: " + "; ".join(t.describe() for t in choose.timings)
-            if isinstance(choose, MeasuredLayout)
-            else ""
-        )
+        swapped = transpose_linears(model, layers=settings.linear_layout == "transposed")
         log.info(
-            "linear layers: %d stored [in, out] (LINEAR_LAYOUT=%s)%s",
-            swapped,
-            settings.linear_layout,
-            timed,
+            "linear layers: %d stored [in, out] (LINEAR_LAYOUT=%s)", swapped, settings.linear_layout
         )
     if head_on_last_position(model):
         log.debug("output head: last position only (engine/last_logits.py)")

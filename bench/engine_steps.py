@@ -2,12 +2,13 @@
 prefilled together, then N decode steps; prints the prefill and the median decode step.
 
     LD_PRELOAD=<OpenBLAS> [OPENBLAS_CORETYPE=Prescott] .venv/bin/python -m bench.engine_steps \
-        --batch 8 --prompt 70 --steps 64 [--layout auto|transposed|plain] [--eager]
+        --batch 8 --prompt 70 --steps 64 [--layout transposed|plain] [--eager]
 
 The model is set up as server.py does on MLX's CPU backend (the attention kernel, linear
-layers stored as LINEAR_LAYOUT=auto chooses, the head on the last position); --layout
-fixes the linear layers' layout instead. For comparing OpenBLAS's kernels (OPENBLAS_CORETYPE) and
-layouts without a server around them; bench.step_time measures the server's steps.
+layers stored transposed, the head on the last position); `--layout plain` keeps the
+layers [out, in], as LINEAR_LAYOUT=plain does. For comparing OpenBLAS's kernels
+(OPENBLAS_CORETYPE) and layouts without a server around them; bench.step_time measures the
+server's steps.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from bench.compiled_decode import DEFAULT_MODEL
 from engine import cpu_attention
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
-from engine.cpu_linear import Layout, MeasuredLayout, layout_chooser, transpose_linears
+from engine.cpu_linear import Layout, transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.step_plan import Insert, StepPlan
 
@@ -36,16 +37,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=70, help="tokens per prompt")
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
-    parser.add_argument("--layout", choices=get_args(Layout), default="auto")
+    parser.add_argument("--layout", choices=get_args(Layout), default="transposed")
     parser.add_argument("--eager", action="store_true", help="no compiled decode")
     args = parser.parse_args()
     model, _ = load_model(args.model)
     model.eval()
     cpu_attention.install()
-    choose = layout_chooser(args.layout)
-    transpose_linears(model, choose)
-    if isinstance(choose, MeasuredLayout):
-        print("layouts timed:", "; ".join(t.describe() for t in choose.timings))
+    transpose_linears(model, layers=args.layout == "transposed")
     head_on_last_position(model)
     engine = BatchEngine(model, 256, compiled=None if args.eager else CompiledDecode(model))
     vocab = model.args.vocab_size

@@ -136,8 +136,8 @@ class Settings(BaseSettings):
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
-    # CPU backend: weights stored [in, out] where that multiplies faster (engine/cpu_linear.py)
-    linear_layout: Literal["auto", "transposed", "plain"] = "auto"
+    # CPU backend: the layers' weights [in, out] or as mlx-lm keeps them (engine/cpu_linear.py)
+    linear_layout: Literal["transposed", "plain"] = "transposed"
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 

@@ -191,9 +191,8 @@ class Supervisor:
                     socket_seen = True
                     # Now, not once ready: rank 0 binds its socket after the group
                     # handshake, which every rank enters with its stdin closed, and a
-                    # spinning mlx.launch takes a core from the load and from the ranks'
-                    # timing of their weight layouts (engine/cpu_linear.py). The check
-                    # that it worked waits for ready (it takes seconds).
+                    # spinning mlx.launch takes a core from the load. The check that it
+                    # worked waits for ready (it takes seconds).
                     job.nudge()
                 status = job.ready_status()
                 if status is not None:
