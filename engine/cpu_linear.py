@@ -9,9 +9,9 @@ results (bitwise, in those measurements).
 
 Which is faster for the layers depends on the BLAS kernels, the threads and the batch.
 On an AVX-512 Xeon (OpenBLAS 0.3.21's Cooperlake kernels, 2026-11-25, the engine's own
-steps): one rank with 2 threads decoded batch 8 in 89-90 ms with the layers [out, in]
-against 94-101 ms [in, out], and prefilled 20% faster, the same at batch 1; two ranks of
-one thread took 48.4 against 44.6 ms a batch-1 step. On 2026-11-24's CPU (SSE3 and AVX2
+steps): one rank with 2 threads decoded batch 8 in 87-88 ms with the layers [out, in]
+against 96-98 ms [in, out], batch 1 and prefill the same; two ranks of one thread took
+48.4 against 44.6 ms a batch-1 step. On 2026-11-24's CPU (SSE3 and AVX2
 kernels) [in, out] was 15-19% faster at batch 8. The head was faster [in, out] in every
 measurement. So the head is always stored [in, out], and the layers by LINEAR_LAYOUT:
 `transposed` (the default) or `plain`. Timing each shape's products at load did not
