@@ -153,7 +153,7 @@ def main(settings: Settings) -> int:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
     if cpu_attention.on_cpu_backend():
         log.info("matrix products: %s", blas_in_use() or "MLX's own BLAS (no OpenBLAS here)")
-        swapped = transpose_linears(model, layers=settings.linear_layout == "transposed")
+        swapped = transpose_linears(model, settings.linear_layout)
         log.info(
             "linear layers: %d stored [in, out] (LINEAR_LAYOUT=%s)", swapped, settings.linear_layout
         )

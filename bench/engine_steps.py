@@ -23,10 +23,11 @@ import mlx.core as mx
 from mlx_lm.utils import load_model
 
 from bench.compiled_decode import DEFAULT_MODEL
+from config.settings import LinearLayout
 from engine import cpu_attention
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
-from engine.cpu_linear import Layout, transpose_linears
+from engine.cpu_linear import transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.step_plan import Insert, StepPlan
 
@@ -37,13 +38,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=70, help="tokens per prompt")
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
-    parser.add_argument("--layout", choices=get_args(Layout), default="transposed")
+    parser.add_argument("--layout", choices=get_args(LinearLayout), default="transposed")
     parser.add_argument("--eager", action="store_true", help="no compiled decode")
     args = parser.parse_args()
     model, _ = load_model(args.model)
     model.eval()
     cpu_attention.install()
-    transpose_linears(model, layers=args.layout == "transposed")
+    transpose_linears(model, args.layout)
     head_on_last_position(model)
     engine = BatchEngine(model, 256, compiled=None if args.eager else CompiledDecode(model))
     vocab = model.args.vocab_size

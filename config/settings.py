@@ -28,6 +28,8 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 REMOTE_PATH = re.compile(r"^[~A-Za-z0-9_./-]+$")  # used unquoted in the workers' shells
 
 Parallelism = Literal["auto", "tensor", "pipeline"]
+# MLX's CPU backend: the layers' weights [in, out] or [out, in] (engine/cpu_linear.py)
+LinearLayout = Literal["transposed", "plain"]
 # None: equal shares; "auto": by each rank's memory; else one positive number per rank.
 RankWeights = list[float] | Literal["auto"] | None
 CommaList = Annotated[list[str], NoDecode]
@@ -136,8 +138,7 @@ class Settings(BaseSettings):
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
-    # CPU backend: the layers' weights [in, out] or as mlx-lm keeps them (engine/cpu_linear.py)
-    linear_layout: Literal["transposed", "plain"] = "transposed"
+    linear_layout: LinearLayout = "transposed"
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 

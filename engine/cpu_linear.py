@@ -17,8 +17,8 @@ measurement. So the head is always stored [in, out], and the layers by LINEAR_LA
 `transposed` (the default) or `plain`. Timing each shape's products at load did not
 predict the step (docs/BENCHMARKS.md, 2026-11-25 later) and is not done.
 
-`transpose_linears(model, layers)` swaps the head (an lm_head nn.Linear, or the
-nn.Embedding of a model that ties its head to it) and, where `layers`, every other plain
+`transpose_linears(model, layout)` swaps the head (an lm_head nn.Linear, or the
+nn.Embedding of a model that ties its head to it) and, for `transposed`, every other plain
 nn.Linear for the transposed form, after sharding, on the CPU backend only: Metal and
 CUDA have their own matrix-vector kernels for the usual layout. Quantized layers keep
 theirs. `weight` stays readable, as a transposed view.
@@ -26,10 +26,12 @@ theirs. `weight` stays readable, as a transposed view.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from config.settings import LinearLayout
 
 
 class TransposedLinear(nn.Module):
@@ -75,14 +77,12 @@ def ties_head(model: nn.Module) -> bool:
     return bool(getattr(args, "tie_word_embeddings", False))
 
 
-Layout = Literal["transposed", "plain"]
-
-
-def transpose_linears(model: nn.Module, layers: bool = True) -> int:
-    """Swap `model`'s head (an lm_head linear, or a tied head's embedding) and, where
-    `layers`, its other plain linear layers for transposed ones, in place, one evaluated
-    at a time; returns how many."""
+def transpose_linears(model: nn.Module, layout: LinearLayout = "transposed") -> int:
+    """Swap `model`'s head (an lm_head linear, or a tied head's embedding) and, with the
+    `transposed` layout, its other plain linear layers for transposed ones, in place, one
+    evaluated at a time; returns how many."""
     embeddings = ties_head(model)
+    layers = layout == "transposed"
     count = 0
 
     def converted(place: Any, child: Any) -> Any:

@@ -99,15 +99,16 @@ class RankJob:
 
     def quiet(self) -> str | None:
         """Stop mlx.launch's busy loop (launcher/quiet.py); the line that tells how it went."""
-        fd = self._stdin_write
-        if fd is None or self.ended():
+        if self._stdin_write is None or self.ended():
             return None
-        return quiet_launcher(lambda: write_byte(fd), self.pid)
+        return quiet_launcher(self.nudge, self.pid)
 
-    def nudge(self) -> None:
-        """One byte on mlx.launch's stdin, at once and unchecked (quiet() checks)."""
-        if self._stdin_write is not None and not self.ended():
-            write_byte(self._stdin_write)
+    def nudge(self) -> bool:
+        """One byte on mlx.launch's stdin, at once and unchecked (quiet() checks); False
+        where it cannot be written."""
+        if self._stdin_write is None or self.ended():
+            return False
+        return write_byte(self._stdin_write)
 
     # ---- running ---------------------------------------------------------------------
 

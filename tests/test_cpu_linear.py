@@ -58,7 +58,7 @@ def test_plain_layers_keep_their_layout_and_the_head_is_transposed(tmp_path, tie
     before = logits_of(model, prompt)
     linears = sum(type(m) is nn.Linear for _, m in model.named_modules())
 
-    assert transpose_linears(model, layers=False) == 1
+    assert transpose_linears(model, "plain") == 1
     head = model.model.embed_tokens if tied else model.lm_head
     assert type(head) is (TransposedEmbedding if tied else TransposedLinear)
     plain = sum(type(m) is nn.Linear for _, m in model.named_modules())
