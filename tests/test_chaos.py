@@ -88,6 +88,20 @@ class Chaos:
         assert state is not None, "no supervisor state"
         return state
 
+    def settled_state(
+        self, done: Callable[[SupervisorState], bool], timeout: float = 20
+    ) -> SupervisorState:
+        """The supervisor's state once `done` holds, or at the deadline. api.py learns that
+        the ranks are ready from rank 0 itself; the supervisor asks rank 0 in its own loop
+        (every 0.25 s, each ask up to 2 s), so its phase may still read "restarting" while
+        the first answers stream (a CI run on a loaded machine read it so)."""
+        deadline = time.monotonic() + timeout
+        state = self.state()
+        while not done(state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            state = self.state()
+        return state
+
     def pid(self, name: str) -> int:
         return self.project.pid(name)
 
@@ -182,7 +196,7 @@ def _fault_on_the_ranks(
     assert found == RUNNING, found
     assert not any(_alive(pid) for pid in victims), victims
     assert chaos.pid("api.pid") == api  # api.py stayed up through the restart
-    state = chaos.state()
+    state = chaos.settled_state(lambda s: s.phase == "running" and s.restarts == restarts + 1)
     assert state.phase == "running" and state.restarts == restarts + 1, state
     row = restart_row(name, end, ready_after, waited_and_succeeded(waited))
     report(row)
