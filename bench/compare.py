@@ -11,7 +11,8 @@ For each rank count: start our cluster with `./launch.sh start` (NUM_DEVICES, an
 API_PORT, SOCKET_PATH and MODEL_CACHE_DIR), run the workloads, `./launch.sh stop`; then
 mlx_lm.server on the same MLX directory (directly at 1 rank, under mlx.launch with the
 ring backend on 127.0.0.1 above), the same workloads, stop it. Both get Debian's OpenBLAS
-preloaded. Workloads: CPU with no requests (--idle seconds); 1 client x 128 tokens; 8
+preloaded; ours also its few-row sgemm (native/sgemm_rows.c), which `--servers peer-rows`
+gives the peer too. Workloads: CPU with no requests (--idle seconds); 1 client x 128 tokens; 8
 concurrent clients x 128 tokens; a prompt of about 1500 tokens (time to first token).
 Greedy decoding; neither server can be told to ignore EOS, so prompts ask for long
 answers and tokens are counted from `usage`.
@@ -168,9 +169,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=["ours", "peer", "peer-quiet"],
+        choices=["ours", "peer", "peer-quiet", "peer-rows"],
         default=["ours", "peer", "peer-quiet"],
-        help="peer-quiet: mlx_lm.server with mlx.launch's relay busy loop stopped (>1 rank)",
+        help="peer-quiet: mlx_lm.server with mlx.launch's relay busy loop stopped (>1 rank);"
+        " peer-rows: with that, and our few-row sgemm preloaded (native/sgemm_rows.c)",
     )
     parser.add_argument("--model", default="", help="MODEL setting ('' = default SmolLM2)")
     parser.add_argument(
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "IMPORT_DTYPE": args.import_dtype,
         "MODEL_CACHE_DIR": str(args.cache_dir),
     }
-    env |= blas_preload(env)
+    env |= blas_preload(env, few_rows=False)  # ours adds it in each rank; the peers, below
     if args.openblas_threads:
         env["OPENBLAS_NUM_THREADS"] = args.openblas_threads
     model_dir = resolve_model_dir(env)
@@ -261,12 +263,15 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.servers:
             # the quiet launcher matters only under mlx.launch, and the real model's heads
             # crash the peer at 2 ranks with or without it: run it for the even variant
-            if kind == "peer-quiet" and (ranks == 1 or directory == model_dir):
+            if kind in ("peer-quiet", "peer-rows") and ranks > 1 and directory == model_dir:
+                continue
+            if kind == "peer-quiet" and ranks == 1:
                 continue
             if kind == "ours":
                 server = Ours(ranks, env, directory, workdir)
             else:
-                server = Peer(ranks, env, directory, workdir, quiet_launcher=kind == "peer-quiet")
+                quiet = kind in ("peer-quiet", "peer-rows")
+                server = Peer(ranks, env, directory, workdir, quiet, few_rows=kind == "peer-rows")
                 config = json.loads((directory / "config.json").read_text())
                 reason = peer_cannot_split(config, ranks) if ranks > 1 else None
                 if reason:

@@ -2,11 +2,11 @@
 prefilled together, then N decode steps; prints the prefill and the median decode step.
 
     LD_PRELOAD=<OpenBLAS> [OPENBLAS_CORETYPE=Prescott] .venv/bin/python -m bench.engine_steps \
-        --batch 8 --prompt 70 --steps 64 [--layout transposed|plain] [--eager]
+        --batch 8 --prompt 70 --steps 64 [--layout plain|transposed] [--eager]
 
-The model is set up as server.py does on MLX's CPU backend (the attention kernel, linear
-layers stored transposed, the head on the last position); `--layout plain` keeps the
-layers [out, in], as LINEAR_LAYOUT=plain does. For comparing OpenBLAS's kernels
+The model is set up as server.py does on MLX's CPU backend (the attention kernel, the
+head stored transposed and on the last position); `--layout transposed` stores the layers
+[in, out] too, as LINEAR_LAYOUT=transposed does. For comparing OpenBLAS's kernels
 (OPENBLAS_CORETYPE) and layouts without a server around them; bench.step_time measures the
 server's steps.
 """
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=70, help="tokens per prompt")
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
-    parser.add_argument("--layout", choices=get_args(LinearLayout), default="transposed")
+    parser.add_argument("--layout", choices=get_args(LinearLayout), default="plain")
     parser.add_argument("--eager", action="store_true", help="no compiled decode")
     args = parser.parse_args()
     model, _ = load_model(args.model)

@@ -210,16 +210,19 @@ class Peer:
         model_dir: Path,
         workdir: Path,
         quiet_launcher: bool = False,
+        few_rows: bool = False,
     ) -> None:
-        self.name = "mlx_lm.server" + (" (quiet launcher)" if quiet_launcher else "")
         self.quiet = quiet_launcher and ranks > 1
+        self.name = "mlx_lm.server" + (" (quiet launcher)" if self.quiet else "")
+        self.name += " (our few-row sgemm)" if few_rows else ""
         self.ranks = ranks
         self.port = free_port()
-        # the BLAS and threads per rank that launch.sh gives our local ranks (a fair field)
-        self.env = env | blas_preload(env) | blas_threads(ranks, env)
+        # the BLAS and threads per rank that launch.sh gives our local ranks (a fair field);
+        # our sgemm for a few rows (native/sgemm_rows.c) only where asked
+        self.env = env | blas_preload(env, few_rows) | blas_threads(ranks, env)
         self.model_dir = model_dir
-        quiet = "-quiet" if self.quiet else ""
-        self.log_path = workdir / f"peer-{ranks}{quiet}-{model_dir.name}.log"
+        variant = ("-quiet" if self.quiet else "") + ("-rows" if few_rows else "")
+        self.log_path = workdir / f"peer-{ranks}{variant}-{model_dir.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.endpoint = Endpoint(f"http://127.0.0.1:{self.port}", "default_model")
 

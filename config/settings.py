@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
-    linear_layout: LinearLayout = "transposed"
+    linear_layout: LinearLayout = "plain"
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 

@@ -14,7 +14,9 @@ against 96-98 ms [in, out], batch 1 and prefill the same; two ranks of one threa
 48.4 against 44.6 ms a batch-1 step. On 2026-11-24's CPU (SSE3 and AVX2
 kernels) [in, out] was 15-19% faster at batch 8. The head was faster [in, out] in every
 measurement. So the head is always stored [in, out], and the layers by LINEAR_LAYOUT:
-`transposed` (the default) or `plain`. Timing each shape's products at load did not
+`plain` (the default since native/sgemm_rows.c: it multiplies a decode step's few rows
+against [out, in] itself, 74 against 102 ms a batch-8 step transposed at one rank) or
+`transposed`. Timing each shape's products at load did not
 predict the step (docs/BENCHMARKS.md, 2026-11-25 later) and is not done.
 
 `transpose_linears(model, layout)` swaps the head (an lm_head nn.Linear, or the
@@ -77,7 +79,7 @@ def ties_head(model: nn.Module) -> bool:
     return bool(getattr(args, "tie_word_embeddings", False))
 
 
-def transpose_linears(model: nn.Module, layout: LinearLayout = "transposed") -> int:
+def transpose_linears(model: nn.Module, layout: LinearLayout = "plain") -> int:
     """Swap `model`'s head (an lm_head linear, or a tied head's embedding) and, with the
     `transposed` layout, its other plain linear layers for transposed ones, in place, one
     evaluated at a time; returns how many."""

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.blas_shim import build as build_sgemm_rows
+from launcher.blas_shim import calls_in_this_process
+
 if TYPE_CHECKING:
     from config import Settings
 
@@ -42,15 +45,23 @@ RANK_SHELL = (
 )
 
 
-def blas_preload(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+def blas_preload(
+    environ: dict[str, str] | os._Environ[str] = os.environ, few_rows: bool = True
+) -> dict[str, str]:
     """LD_PRELOAD with this host's OpenBLAS first, where it is installed, and the kernels
-    for this CPU where the library does not know it (`blas_kernels`)."""
+    for this CPU where the library does not know it (`blas_kernels`); before OpenBLAS, with
+    `few_rows`, our sgemm for products of a few rows (native/sgemm_rows.c, built here on
+    first use; launcher/blas_shim.py). The benchmarks' peer gets OpenBLAS alone."""
     if not OPENBLAS.exists():
         return {}
     env = blas_kernels(environ)
-    current = environ.get("LD_PRELOAD", "")
-    if str(OPENBLAS) not in current.split(":"):
-        env["LD_PRELOAD"] = f"{OPENBLAS}:{current}" if current else str(OPENBLAS)
+    current = [path for path in environ.get("LD_PRELOAD", "").split(":") if path]
+    shim = build_sgemm_rows() if few_rows else None
+    wanted = [str(shim)] if shim is not None else []
+    wanted += [str(OPENBLAS)]
+    if current[: len(wanted)] != wanted:
+        kept = [path for path in current if path not in wanted and "sgemm_rows-" not in path]
+        env["LD_PRELOAD"] = ":".join(wanted + kept)
     return env
 
 
@@ -66,7 +77,8 @@ KERNELS = (
 
 
 def blas_in_use() -> str | None:
-    """ "OpenBLAS 0.3.21, SkylakeX kernels" where this process has the library, else None."""
+    """ "OpenBLAS 0.3.21, SkylakeX kernels; few-row products: native/sgemm_rows.c" where
+    this process has OpenBLAS, else None."""
     try:
         library = ctypes.CDLL(str(OPENBLAS), mode=os.RTLD_NOLOAD)
     except OSError:
@@ -76,7 +88,9 @@ def blas_in_use() -> str | None:
     version = library.openblas_get_config().decode().split()[:2]
     kernels = library.openblas_get_corename().decode()
     forced = " (OPENBLAS_CORETYPE)" if os.environ.get("OPENBLAS_CORETYPE") else ""
-    return f"{' '.join(version)}, {kernels} kernels{forced}"
+    built = calls_in_this_process() is not None
+    rows = "native/sgemm_rows.c" if built else "OpenBLAS (native/sgemm_rows.c not built)"
+    return f"{' '.join(version)}, {kernels} kernels{forced}; few-row products: {rows}"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:

@@ -57,19 +57,20 @@ sha256_of_stdin() {
 
 ensure_openblas() {
     # MLX's Linux CPU wheel ships a slow reference BLAS; Debian's OpenBLAS, preloaded into
-    # the ranks (launcher/command.py), makes float32 matmul about 80x faster. Install it
-    # when we are allowed to.
+    # the ranks (launcher/command.py), makes float32 matmul about 80x faster; a C compiler
+    # builds native/sgemm_rows.c in front of it (decode steps of one request 1.5x faster).
+    # Installed when we are allowed to.
     [[ "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]] || return 0
-    dpkg -s libopenblas0-pthread >/dev/null 2>&1 && return 0
+    dpkg -s libopenblas0-pthread >/dev/null 2>&1 && command -v cc >/dev/null 2>&1 && return 0
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        say "installing libopenblas0-pthread (fast BLAS for MLX on the CPU)"
+        say "installing libopenblas0-pthread and gcc (fast BLAS for MLX on the CPU)"
         if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread; } \
-            >/dev/null 2>&1; then
-            say "warning: could not install libopenblas0-pthread; models will run slower"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                libopenblas0-pthread gcc libc6-dev; } >/dev/null 2>&1; then
+            say "warning: could not install libopenblas0-pthread and gcc; models will run slower"
         fi
     else
-        say "hint: 'sudo apt-get install libopenblas0-pthread' makes CPU inference much faster"
+        say "hint: 'sudo apt-get install libopenblas0-pthread gcc' makes CPU inference much faster"
     fi
 }
 

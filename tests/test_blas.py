@@ -61,3 +61,72 @@ def test_the_kernels_reach_the_ranks_and_their_log_line(tmp_path):
     expected = kernels.get("OPENBLAS_CORETYPE", library_core)
     assert f", {expected} kernels" in done.stdout, done.stdout
     assert done.stdout.startswith("OpenBLAS ")
+
+
+# ---- native/sgemm_rows.c: products of a few rows as sgemv --------------------------------
+
+ROWS_PROBE = """
+import ctypes, json, sys
+import numpy as np
+from launcher.blas_shim import calls_in_this_process
+sgemm = ctypes.CDLL(None).cblas_sgemm
+sgemm.restype = None
+P, F = ctypes.c_void_p, ctypes.c_float
+rng = np.random.default_rng(0)
+worst, cases = 0.0, 0
+# rows x columns x depth; 131 columns are split among the library's threads
+SHAPES = ((1, 37, 19), (3, 5, 16), (4, 33, 7), (5, 9, 11), (9, 1, 13), (1, 1, 5), (11, 131, 45))
+for order in (101, 102):
+    for ta in (111, 112):
+        for tb in (111, 112):
+            for m, n, k in SHAPES:
+                a = rng.standard_normal((m, k) if ta == 111 else (k, m), dtype=np.float32)
+                b = rng.standard_normal((k, n) if tb == 111 else (n, k), dtype=np.float32)
+                c = rng.standard_normal((m, n), dtype=np.float32)
+                want = 0.5 * ((a if ta == 111 else a.T) @ (b if tb == 111 else b.T)) + 2 * c
+                if order == 102:  # column-major: each matrix is the transpose in memory
+                    a, b, c = (np.ascontiguousarray(x.T) for x in (a, b, c))
+                pad = 3  # leading dimensions wider than the matrices
+                a2 = np.zeros((a.shape[0], a.shape[1] + pad), np.float32); a2[:, : a.shape[1]] = a
+                b2 = np.zeros((b.shape[0], b.shape[1] + pad), np.float32); b2[:, : b.shape[1]] = b
+                c2 = np.zeros((c.shape[0], c.shape[1] + pad), np.float32); c2[:, : c.shape[1]] = c
+                sgemm(order, ta, tb, m, n, k, F(0.5), P(a2.ctypes.data), a2.shape[1],
+                      P(b2.ctypes.data), b2.shape[1], F(2.0), P(c2.ctypes.data), c2.shape[1])
+                got = c2[:, : c.shape[1]]
+                got = got.T if order == 102 else got
+                worst, cases = max(worst, float(np.abs(got - want).max())), cases + 1
+import time
+import mlx.core as mx
+before, mlx_error = calls_in_this_process(), 0.0
+for rows in (1, 8, 1, 8):  # the helper threads spin, then sleep (1 ms apart) and wake
+    x, w = mx.random.normal((rows, 300)), mx.random.normal((200, 300))
+    error = mx.abs(x @ w.T - mx.sum(x[:, None] * w[None], axis=2)).max()
+    mlx_error = max(mlx_error, float(error))
+    time.sleep(0.001)
+print(json.dumps([worst, cases, calls_in_this_process() - before, mlx_error]))
+"""
+
+
+def test_few_row_products_equal_openblas_and_mlx_uses_them():
+    """Every order, transposition, padded leading dimension, alpha and beta through the
+    preloaded library against numpy (131 columns: split among its threads); and MLX's
+    matmuls of 1 and 8 rows go through it, also after its helper threads went to sleep."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "LD_PRELOAD")}
+    args = [sys.executable, "-m", "launcher.command", "exec", "-c", ROWS_PROBE]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    worst, cases, mlx_calls, mlx_error = json.loads(done.stdout)
+    assert cases == 56 and worst < 1e-4, (cases, worst)
+    assert mlx_calls == 4 and mlx_error < 1e-3, (mlx_calls, mlx_error)
+
+
+def test_the_peer_gets_openblas_alone_and_ours_the_few_row_library_first():
+    from launcher.command import blas_preload
+
+    ours = blas_preload({"LD_PRELOAD": str(OPENBLAS)})["LD_PRELOAD"].split(":")
+    assert len(ours) == 2 and Path(ours[0]).name.startswith("sgemm_rows-"), ours
+    assert ours[1] == str(OPENBLAS)
+    assert blas_preload({"LD_PRELOAD": ":".join(ours)}, few_rows=False)["LD_PRELOAD"] == str(
+        OPENBLAS
+    )
+    assert "LD_PRELOAD" not in blas_preload({"LD_PRELOAD": ":".join(ours)})  # already so

@@ -40,7 +40,7 @@ def test_transposed_layers_give_the_same_logits(tmp_path, case):
     linears = sum(type(m) is nn.Linear for _, m in model.named_modules())
     tied = CASES[case].get("tie_word_embeddings", False)
 
-    assert transpose_linears(model) == linears + tied
+    assert transpose_linears(model, "transposed") == linears + tied
     assert not any(type(m) is nn.Linear for _, m in model.named_modules())
     kinds = {type(m) for _, m in model.named_modules()}
     assert TransposedLinear in kinds and (TransposedEmbedding in kinds) == tied

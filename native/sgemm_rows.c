@@ -1,0 +1,249 @@
+/* Products of a few rows, in front of OpenBLAS's cblas_sgemm.
+
+MLX's CPU backend calls cblas_sgemm for every matmul, also for a decode step's few rows of
+activations (one per request). OpenBLAS 0.3.21 (Debian 12) packs both operands for sgemm
+however few the rows, and spends more time packing than multiplying. Measured on this
+project's 2-core Xeon, SmolLM2-135M's 210 layer products (538 MB of float32 weights
+[out, in]), 2 threads:
+
+    rows                         1      2      4      8     16
+    OpenBLAS sgemm (ms)         36     40     48     49     52
+    one OpenBLAS sgemv a row  17.5     26     34      -      -
+    dot_rows below (ms)       16.8   18.7   23.6   32.6   48.4
+
+So a product of at most ROWS rows against a weight stored [out, in] (x @ W.T, the
+transposed-B call) runs dot_rows: each weight row is read once, as a stream, and dotted
+with every activation row, the output columns split among this library's threads. Other
+few-row products (a weight stored [in, out]: the output head) make one OpenBLAS sgemv a
+row up to SGEMV_ROWS rows, and everything else goes on to OpenBLAS. Results differ from
+sgemm's by summation order only.
+
+Threads: as many as OpenBLAS's own (OPENBLAS_NUM_THREADS, which launcher/command.py sets
+per rank), the caller and helpers that spin for 200 us after a product (the next one of a
+step comes sooner) and then sleep on a futex.
+
+Built with -march=native on each host by launcher/blas_shim.py and preloaded before
+OpenBLAS by launcher/command.py.
+*/
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
+enum { ROWS = 16, SGEMV_ROWS = 4, BLOCK = 8, MAX_THREADS = 16, MIN_COLUMNS = 64 };
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int,
+                         float, float *, int);
+
+static sgemm_fn next_sgemm;
+static sgemv_fn next_sgemv;
+static int threads = 1;
+/* products this library computed itself: the tests read it to see it at work */
+unsigned long mlx_ring_sgemm_rows_calls;
+
+/* ---- the kernel: C[i, n] = alpha * A[i, :] . B[n, :] + beta * C[i, n] ---------------- */
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+static inline __attribute__((always_inline)) float sum16(v16 v) {
+  v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* M (a constant in each instance) rows of A against weight rows [n0, n1), two at a time */
+static inline __attribute__((always_inline)) void dot_block(
+    const int M, int n0, int n1, int k, float alpha, const float *a, int lda,
+    const float *b, int ldb, float beta, float *c, int ldc) {
+  for (int n = n0; n < n1; n += 2) {
+    int two = n + 1 < n1;
+    const float *b0 = b + (long)n * ldb, *b1 = two ? b0 + ldb : b0;
+    v16 acc0[M], acc1[M];
+    for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (v16){0};
+    int t = 0;
+    for (; t + 16 <= k; t += 16) {
+      v16 w0 = *(const v16 *)(b0 + t), w1 = *(const v16 *)(b1 + t);
+      for (int i = 0; i < M; i++) {
+        v16 x = *(const v16 *)(a + (long)i * lda + t);
+        acc0[i] += x * w0;
+        acc1[i] += x * w1;
+      }
+    }
+    for (int i = 0; i < M; i++) {
+      const float *x = a + (long)i * lda;
+      float s0 = sum16(acc0[i]), s1 = sum16(acc1[i]);
+      for (int u = t; u < k; u++) {
+        s0 += x[u] * b0[u];
+        s1 += x[u] * b1[u];
+      }
+      float *y = c + (long)i * ldc;
+      y[n] = alpha * s0 + (beta != 0 ? beta * y[n] : 0);
+      if (two) y[n + 1] = alpha * s1 + (beta != 0 ? beta * y[n + 1] : 0);
+    }
+  }
+}
+
+static void dot_rows(int m, int n0, int n1, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc) {
+  for (; m > 0; m -= BLOCK, a += (long)BLOCK * lda, c += (long)BLOCK * ldc) {
+    switch (m < BLOCK ? m : BLOCK) {
+#define ROWS_CASE(R) \
+  case R: dot_block(R, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+      ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+      ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+#undef ROWS_CASE
+    }
+  }
+}
+
+/* ---- the helpers: one product at a time, split by output columns --------------------- */
+
+#if defined(__x86_64__) || defined(__i386__)
+#define RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define RELAX() __asm__ volatile("yield")
+#else
+#define RELAX() ((void)0)
+#endif
+
+static struct {
+  int m, n, k, lda, ldb, ldc, parts;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+} job;
+static atomic_uint posted, finished, sleepers;
+static atomic_flag busy = ATOMIC_FLAG_INIT;
+static int helpers_up;
+static unsigned first_seen;
+
+static void part(int index) {
+  int per = (job.n / job.parts + 1) & ~1, n0 = index * per, n1 = n0 + per;
+  if (n1 > job.n) n1 = job.n;
+  if (n0 < n1)
+    dot_rows(job.m, n0, n1, job.k, job.alpha, job.a, job.lda, job.b, job.ldb, job.beta,
+             job.c, job.ldc);
+}
+
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *helper(void *arg) {
+  int index = (int)(long)arg;
+  unsigned seen = first_seen; /* posted when started: the product that started it is next */
+  for (;;) {
+    double spin_until = seconds() + 200e-6;
+    while (atomic_load(&posted) == seen) {
+      for (int i = 0; i < 64 && atomic_load_explicit(&posted, memory_order_relaxed) == seen; i++)
+        RELAX();
+      if (atomic_load(&posted) == seen && seconds() > spin_until) {
+        atomic_fetch_add(&sleepers, 1);
+        if (atomic_load(&posted) == seen)
+          syscall(SYS_futex, &posted, FUTEX_WAIT_PRIVATE, seen, 0, 0, 0);
+        atomic_fetch_sub(&sleepers, 1);
+        spin_until = seconds() + 200e-6;
+      }
+    }
+    seen = atomic_load(&posted);
+    part(index);
+    atomic_fetch_add(&finished, 1);
+  }
+  return 0;
+}
+
+static void forget_helpers(void) { /* a forked child has none of them */
+  helpers_up = 0;
+  atomic_store(&posted, 0);
+  atomic_store(&finished, 0);
+  atomic_store(&sleepers, 0);
+  atomic_flag_clear(&busy);
+}
+
+static int start_helpers(void) {
+  first_seen = atomic_load(&posted);
+  for (int i = helpers_up + 1; i < threads; i++) {
+    pthread_t thread;
+    if (pthread_create(&thread, 0, helper, (void *)(long)i) != 0) break;
+    pthread_detach(thread);
+    helpers_up = i;
+  }
+  return helpers_up + 1;
+}
+
+static void rows_product(int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc) {
+  /* one product at a time uses the helpers; a second caller thread computes alone */
+  if (threads < 2 || n < MIN_COLUMNS || atomic_flag_test_and_set(&busy)) {
+    dot_rows(m, 0, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  int parts = start_helpers();
+  job.m = m, job.n = n, job.k = k, job.alpha = alpha, job.beta = beta, job.parts = parts;
+  job.a = a, job.lda = lda, job.b = b, job.ldb = ldb, job.c = c, job.ldc = ldc;
+  unsigned done = atomic_load(&finished) + (unsigned)(parts - 1);
+  atomic_fetch_add(&posted, 1);
+  if (atomic_load(&sleepers) > 0)
+    syscall(SYS_futex, &posted, FUTEX_WAKE_PRIVATE, MAX_THREADS, 0, 0, 0);
+  part(0);
+  while (atomic_load(&finished) != done) RELAX();
+  atomic_flag_clear(&busy);
+}
+
+/* ---- the entry point MLX calls ------------------------------------------------------- */
+
+__attribute__((constructor)) static void find_next(void) {
+  next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+  next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
+  int (*openblas_threads)(void) = (int (*)(void))dlsym(RTLD_NEXT, "openblas_get_num_threads");
+  threads = openblas_threads ? openblas_threads() : 1;
+  threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+  pthread_atfork(0, 0, forget_helpers);
+}
+
+/* y = alpha * x op(B) + beta * y for one row x (stride incx), op(B) being k x n */
+static void sgemv_row(int trans_b, int n, int k, float alpha, const float *x, int incx,
+                      const float *b, int ldb, float beta, float *y) {
+  if (trans_b == NO_TRANS) /* B is k x n: y = B^T x */
+    next_sgemv(ROW_MAJOR, TRANS, k, n, alpha, b, ldb, x, incx, beta, y, 1);
+  else /* B is n x k: y = B x */
+    next_sgemv(ROW_MAJOR, NO_TRANS, n, k, alpha, b, ldb, x, incx, beta, y, 1);
+}
+
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                 int ldc) {
+  if (order == COL_MAJOR) { /* the same product as the row-major C^T = op(B)^T op(A)^T */
+    cblas_sgemm(ROW_MAJOR, trans_b, trans_a, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+    return;
+  }
+  int a_plain = trans_a == NO_TRANS;
+  if (order != ROW_MAJOR || next_sgemv == 0 || k <= 0 || n <= 0 || m <= 0 || m > ROWS) {
+    next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (a_plain && trans_b != NO_TRANS) {
+    rows_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else if (m <= SGEMV_ROWS) { /* a row of op(A): contiguous when A is plain */
+    for (int i = 0; i < m; i++) {
+      const float *x = a_plain ? a + (long)i * lda : a + i;
+      sgemv_row(trans_b, n, k, alpha, x, a_plain ? 1 : lda, b, ldb, beta, c + (long)i * ldc);
+    }
+  } else {
+    next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  __atomic_fetch_add(&mlx_ring_sgemm_rows_calls, 1, __ATOMIC_RELAXED);
+}
