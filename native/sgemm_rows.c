@@ -20,7 +20,7 @@ sgemm's by summation order only.
 
 Threads: as many as OpenBLAS's own (OPENBLAS_NUM_THREADS, which launcher/command.py sets
 per rank), the caller and helpers that spin for 200 us after a product (the next one of a
-step comes sooner) and then sleep on a futex.
+step comes sooner) and then sleep on a futex; they share a product's columns by chunks.
 
 Built with -march=native on each host by launcher/blas_shim.py and preloaded before
 OpenBLAS by launcher/command.py.
@@ -29,13 +29,14 @@ OpenBLAS by launcher/command.py.
 #include <dlfcn.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
-enum { ROWS = 16, SGEMV_ROWS = 4, BLOCK = 8, MAX_THREADS = 16, MIN_COLUMNS = 64 };
+enum { ROWS = 16, SGEMV_ROWS = 4, BLOCK = 8, MAX_THREADS = 16 };
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
                          const float *, int, float, float *, int);
@@ -106,7 +107,14 @@ static void dot_rows(int m, int n0, int n1, int k, float alpha, const float *a, 
   }
 }
 
-/* ---- the helpers: one product at a time, split by output columns --------------------- */
+/* ---- the helpers: one product at a time, its columns in chunks ----------------------
+
+The caller and the helpers claim chunks of columns until none is left; the caller then
+waits only for chunks a helper is computing. A helper that is not on a core (the cores
+busy with other processes) takes nothing, and the caller computes alone instead of
+waiting for it. Waiting helpers yield the core between spins: without that, a helper
+spinning through a step kept api.py off the second core, and a client's tokens came
+42.5 ms apart instead of 37.4 (1 rank, bench.compare, 2026-11-25). */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define RELAX() __builtin_ia32_pause()
@@ -116,23 +124,31 @@ static void dot_rows(int m, int n0, int n1, int k, float alpha, const float *a, 
 #define RELAX() ((void)0)
 #endif
 
+enum { CHUNKS_PER_THREAD = 4, MIN_CHUNK = 32 };
+
 static struct {
-  int m, n, k, lda, ldb, ldc, parts;
+  int m, n, k, lda, ldb, ldc, chunks, per_chunk;
   float alpha, beta;
   const float *a, *b;
   float *c;
 } job;
-static atomic_uint posted, finished, sleepers;
+static _Atomic unsigned long long claim; /* (product << 32) | next chunk */
+static atomic_uint posted, done_chunks, sleepers;
 static atomic_flag busy = ATOMIC_FLAG_INIT;
 static int helpers_up;
-static unsigned first_seen;
 
-static void part(int index) {
-  int per = (job.n / job.parts + 1) & ~1, n0 = index * per, n1 = n0 + per;
-  if (n1 > job.n) n1 = job.n;
-  if (n0 < n1)
-    dot_rows(job.m, n0, n1, job.k, job.alpha, job.a, job.lda, job.b, job.ldb, job.beta,
-             job.c, job.ldc);
+static void run_chunks(unsigned product) {
+  for (;;) {
+    unsigned long long now = atomic_load(&claim);
+    unsigned chunk = (unsigned)now;
+    if ((unsigned)(now >> 32) != product || chunk >= (unsigned)job.chunks) return;
+    if (!atomic_compare_exchange_weak(&claim, &now, now + 1)) continue;
+    /* claimed: the job stays this product's until its chunks are all done */
+    int n0 = (int)chunk * job.per_chunk, n1 = n0 + job.per_chunk;
+    dot_rows(job.m, n0, n1 < job.n ? n1 : job.n, job.k, job.alpha, job.a, job.lda, job.b,
+             job.ldb, job.beta, job.c, job.ldc);
+    atomic_fetch_add(&done_chunks, 1);
+  }
 }
 
 static double seconds(void) {
@@ -141,14 +157,15 @@ static double seconds(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static void *helper(void *arg) {
-  int index = (int)(long)arg;
-  unsigned seen = first_seen; /* posted when started: the product that started it is next */
+static void *helper(void *unused) {
+  (void)unused;
+  unsigned seen = 0;
   for (;;) {
     double spin_until = seconds() + 200e-6;
     while (atomic_load(&posted) == seen) {
       for (int i = 0; i < 64 && atomic_load_explicit(&posted, memory_order_relaxed) == seen; i++)
         RELAX();
+      sched_yield(); /* api.py and rank 0's other threads get this core when they need it */
       if (atomic_load(&posted) == seen && seconds() > spin_until) {
         atomic_fetch_add(&sleepers, 1);
         if (atomic_load(&posted) == seen)
@@ -158,47 +175,49 @@ static void *helper(void *arg) {
       }
     }
     seen = atomic_load(&posted);
-    part(index);
-    atomic_fetch_add(&finished, 1);
+    run_chunks((unsigned)(atomic_load(&claim) >> 32));
   }
   return 0;
 }
 
 static void forget_helpers(void) { /* a forked child has none of them */
   helpers_up = 0;
-  atomic_store(&posted, 0);
-  atomic_store(&finished, 0);
   atomic_store(&sleepers, 0);
   atomic_flag_clear(&busy);
 }
 
-static int start_helpers(void) {
-  first_seen = atomic_load(&posted);
+static void start_helpers(void) {
   for (int i = helpers_up + 1; i < threads; i++) {
     pthread_t thread;
-    if (pthread_create(&thread, 0, helper, (void *)(long)i) != 0) break;
+    if (pthread_create(&thread, 0, helper, 0) != 0) break;
     pthread_detach(thread);
     helpers_up = i;
   }
-  return helpers_up + 1;
 }
 
 static void rows_product(int m, int n, int k, float alpha, const float *a, int lda,
                          const float *b, int ldb, float beta, float *c, int ldc) {
   /* one product at a time uses the helpers; a second caller thread computes alone */
-  if (threads < 2 || n < MIN_COLUMNS || atomic_flag_test_and_set(&busy)) {
+  if (threads < 2 || n < 2 * MIN_CHUNK || atomic_flag_test_and_set(&busy)) {
     dot_rows(m, 0, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  int parts = start_helpers();
-  job.m = m, job.n = n, job.k = k, job.alpha = alpha, job.beta = beta, job.parts = parts;
+  start_helpers();
+  int per_chunk = (n / (threads * CHUNKS_PER_THREAD) + 1) & ~1;
+  per_chunk = per_chunk < MIN_CHUNK ? MIN_CHUNK : per_chunk;
+  job.m = m, job.n = n, job.k = k, job.alpha = alpha, job.beta = beta;
   job.a = a, job.lda = lda, job.b = b, job.ldb = ldb, job.c = c, job.ldc = ldc;
-  unsigned done = atomic_load(&finished) + (unsigned)(parts - 1);
+  job.per_chunk = per_chunk, job.chunks = (n + per_chunk - 1) / per_chunk;
+  atomic_store(&done_chunks, 0);
+  unsigned product = (unsigned)(atomic_load(&claim) >> 32) + 1;
+  atomic_store(&claim, (unsigned long long)product << 32);
   atomic_fetch_add(&posted, 1);
   if (atomic_load(&sleepers) > 0)
     syscall(SYS_futex, &posted, FUTEX_WAKE_PRIVATE, MAX_THREADS, 0, 0, 0);
-  part(0);
-  while (atomic_load(&finished) != done) RELAX();
+  run_chunks(product);
+  for (int spins = 0; atomic_load(&done_chunks) != (unsigned)job.chunks; spins++)
+    if (spins % 256 == 255) sched_yield(); /* a helper mid-chunk may need this core */
+    else RELAX();
   atomic_flag_clear(&busy);
 }
 
