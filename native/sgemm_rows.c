@@ -132,7 +132,9 @@ static struct {
   const float *a, *b;
   float *c;
 } job;
-static _Atomic unsigned long long claim; /* (product << 32) | next chunk */
+/* (product << 32) | (chunks << 16) | next chunk: a claim checks its own product's count,
+   never job.chunks, which the next product may be writing already */
+static _Atomic unsigned long long claim;
 static atomic_uint posted, done_chunks, sleepers;
 static atomic_flag busy = ATOMIC_FLAG_INIT;
 static int helpers_up;
@@ -140,8 +142,8 @@ static int helpers_up;
 static void run_chunks(unsigned product) {
   for (;;) {
     unsigned long long now = atomic_load(&claim);
-    unsigned chunk = (unsigned)now;
-    if ((unsigned)(now >> 32) != product || chunk >= (unsigned)job.chunks) return;
+    unsigned chunk = (unsigned)(now & 0xffff), chunks = (unsigned)(now >> 16) & 0xffff;
+    if ((unsigned)(now >> 32) != product || chunk >= chunks) return;
     if (!atomic_compare_exchange_weak(&claim, &now, now + 1)) continue;
     /* claimed: the job stays this product's until its chunks are all done */
     int n0 = (int)chunk * job.per_chunk, n1 = n0 + job.per_chunk;
@@ -210,7 +212,7 @@ static void rows_product(int m, int n, int k, float alpha, const float *a, int l
   job.per_chunk = per_chunk, job.chunks = (n + per_chunk - 1) / per_chunk;
   atomic_store(&done_chunks, 0);
   unsigned product = (unsigned)(atomic_load(&claim) >> 32) + 1;
-  atomic_store(&claim, (unsigned long long)product << 32);
+  atomic_store(&claim, (unsigned long long)product << 32 | (unsigned long long)job.chunks << 16);
   atomic_fetch_add(&posted, 1);
   if (atomic_load(&sleepers) > 0)
     syscall(SYS_futex, &posted, FUTEX_WAKE_PRIVATE, MAX_THREADS, 0, 0, 0);

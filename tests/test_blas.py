@@ -103,14 +103,31 @@ for rows in (1, 8, 1, 8):  # the helper threads spin, then sleep (1 ms apart) an
     error = mx.abs(x @ w.T - mx.sum(x[:, None] * w[None], axis=2)).max()
     mlx_error = max(mlx_error, float(error))
     time.sleep(0.001)
-print(json.dumps([worst, cases, calls_in_this_process() - before, mlx_error]))
+calls = calls_in_this_process() - before
+# back-to-back products of changing widths, from two threads at once (ctypes lets go of
+# the GIL): a product's chunks must never mix with the next one's
+from concurrent.futures import ThreadPoolExecutor
+def products(seed):
+    local, worst_here = np.random.default_rng(seed), 0.0
+    for n in local.integers(64, 700, 300):
+        a = local.standard_normal((3, 40), dtype=np.float32)
+        b = local.standard_normal((int(n), 40), dtype=np.float32)
+        c = np.empty((3, int(n)), np.float32)
+        sgemm(101, 111, 112, 3, int(n), 40, F(1.0), P(a.ctypes.data), 40,
+              P(b.ctypes.data), 40, F(0.0), P(c.ctypes.data), int(n))
+        worst_here = max(worst_here, float(np.abs(c - a @ b.T).max()))
+    return worst_here
+with ThreadPoolExecutor(2) as pool:
+    worst = max(worst, *pool.map(products, (1, 2)))
+print(json.dumps([worst, cases, calls, mlx_error]))
 """
 
 
 def test_few_row_products_equal_openblas_and_mlx_uses_them():
     """Every order, transposition, padded leading dimension, alpha and beta through the
     preloaded library against numpy (131 columns: split among its threads); and MLX's
-    matmuls of 1 and 8 rows go through it, also after its helper threads went to sleep."""
+    matmuls of 1 and 8 rows go through it, also after its helper threads went to sleep;
+    and 600 products of changing widths from two threads at once."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "LD_PRELOAD")}
     args = [sys.executable, "-m", "launcher.command", "exec", "-c", ROWS_PROBE]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
