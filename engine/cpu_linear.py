@@ -16,8 +16,8 @@ kernels) [in, out] was 15-19% faster at batch 8. The head was faster [in, out] i
 measurement. So the head is always stored [in, out], and the layers by LINEAR_LAYOUT:
 `plain` (the default since native/sgemm_rows.c: it multiplies a decode step's few rows
 against [out, in] itself, 74 against 102 ms a batch-8 step transposed at one rank) or
-`transposed`. Timing each shape's products at load did not
-predict the step (docs/BENCHMARKS.md, 2026-11-25 later) and is not done.
+`transposed`. Timing each shape's products at load did not predict the step
+(docs/BENCHMARKS.md, 2026-11-25 later) and is not done.
 
 `transpose_linears(model, layout)` swaps the head (an lm_head nn.Linear, or the
 nn.Embedding of a model that ties its head to it) and, for `transposed`, every other plain

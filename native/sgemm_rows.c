@@ -127,13 +127,13 @@ spinning through a step kept api.py off the second core, and a client's tokens c
 enum { CHUNKS_PER_THREAD = 4, MIN_CHUNK = 32 };
 
 static struct {
-  int m, n, k, lda, ldb, ldc, chunks, per_chunk;
+  int m, n, k, lda, ldb, ldc, per_chunk;
   float alpha, beta;
   const float *a, *b;
   float *c;
 } job;
 /* (product << 32) | (chunks << 16) | next chunk: a claim checks its own product's count,
-   never job.chunks, which the next product may be writing already */
+   which no other product's setup can change under it */
 static _Atomic unsigned long long claim;
 static atomic_uint posted, done_chunks, sleepers;
 static atomic_flag busy = ATOMIC_FLAG_INIT;
@@ -209,15 +209,16 @@ static void rows_product(int m, int n, int k, float alpha, const float *a, int l
   per_chunk = per_chunk < MIN_CHUNK ? MIN_CHUNK : per_chunk;
   job.m = m, job.n = n, job.k = k, job.alpha = alpha, job.beta = beta;
   job.a = a, job.lda = lda, job.b = b, job.ldb = ldb, job.c = c, job.ldc = ldc;
-  job.per_chunk = per_chunk, job.chunks = (n + per_chunk - 1) / per_chunk;
+  job.per_chunk = per_chunk;
+  unsigned chunks = (unsigned)((n + per_chunk - 1) / per_chunk);
   atomic_store(&done_chunks, 0);
   unsigned product = (unsigned)(atomic_load(&claim) >> 32) + 1;
-  atomic_store(&claim, (unsigned long long)product << 32 | (unsigned long long)job.chunks << 16);
+  atomic_store(&claim, (unsigned long long)product << 32 | (unsigned long long)chunks << 16);
   atomic_fetch_add(&posted, 1);
   if (atomic_load(&sleepers) > 0)
     syscall(SYS_futex, &posted, FUTEX_WAKE_PRIVATE, MAX_THREADS, 0, 0, 0);
   run_chunks(product);
-  for (int spins = 0; atomic_load(&done_chunks) != (unsigned)job.chunks; spins++)
+  for (int spins = 0; atomic_load(&done_chunks) != chunks; spins++)
     if (spins % 256 == 255) sched_yield(); /* a helper mid-chunk may need this core */
     else RELAX();
   atomic_flag_clear(&busy);

@@ -63,7 +63,7 @@ def test_the_kernels_reach_the_ranks_and_their_log_line(tmp_path):
     assert done.stdout.startswith("OpenBLAS ")
 
 
-# ---- native/sgemm_rows.c: products of a few rows as sgemv --------------------------------
+# ---- native/sgemm_rows.c: products of a few rows, in front of OpenBLAS --------------------
 
 ROWS_PROBE = """
 import ctypes, json, sys

@@ -196,8 +196,12 @@ def _fault_on_the_ranks(
     assert found == RUNNING, found
     assert not any(_alive(pid) for pid in victims), victims
     assert chaos.pid("api.pid") == api  # api.py stayed up through the restart
-    state = chaos.settled_state(lambda s: s.phase == "running" and s.restarts == restarts + 1)
-    assert state.phase == "running" and state.restarts == restarts + 1, state
+
+    def restarted(s: SupervisorState) -> bool:
+        return s.phase == "running" and s.restarts == restarts + 1
+
+    state = chaos.settled_state(restarted)
+    assert restarted(state), state
     row = restart_row(name, end, ready_after, waited_and_succeeded(waited))
     report(row)
     return row, state
