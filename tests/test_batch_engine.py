@@ -136,7 +136,7 @@ def test_a_burst_with_cached_prefixes_prefills_in_one_step_and_decodes_as_alone(
     prompt, as rank 0 aligns a burst (engine/prefix_cache.py): one forward, and each row's
     logits and greedy tokens those of its prompt alone."""
     shared = list(range(40, 70))
-    prompts = [shared + list(range(200, 213)), shared[:25] + list(range(300, 321)), [5, 6, 7]]
+    prompts = [shared + list(range(200, 213)), shared[:25] + list(range(100, 121)), [5, 6, 7]]
     width = 21  # the longest rest: the second prompt's after its 25 cached tokens
     engine = BatchEngine(model, 32)  # one by one, 21 + 21 tokens would take two steps
     _last_logits(engine, StepPlan(0, engine.fingerprint(), inserts=[Insert(1, shared, store_as=7)]))
