@@ -216,6 +216,7 @@ def main(settings: Settings) -> int:
             tokenizer, info.config.get("vocab_size") or len(tokenizer), tokenizer.eos_token_ids
         ),
         defaults=defaults,
+        vocab_size=info.config.get("vocab_size"),
     )
     log.info("chat prompt: %s", scheduler.setup.chat.describe())
     leader = Leader(

@@ -42,10 +42,15 @@ class SetupResult:
 class RequestSetup:
     """Rank 0's per-tokenizer tools for setting requests up."""
 
-    def __init__(self, tokenizer: Any, grammar: GrammarTokens | None) -> None:
+    def __init__(
+        self, tokenizer: Any, grammar: GrammarTokens | None, vocab_size: int | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat = ChatPrompt(tokenizer)
         self.grammar = grammar
+        # the model's embedding rows: MLX's gather does not check its indices, so a token
+        # past them would read whatever memory follows the table (garbage logits)
+        self.vocab_size = vocab_size
 
     def prepare(self, submit: Submit) -> SetupResult:
         if (submit.messages is None) == (submit.prompt is None):
@@ -73,6 +78,13 @@ class RequestSetup:
             raise Refusal(
                 "invalid_request",
                 "the prompt is empty after tokenization; send at least one token",
+            )
+        if self.vocab_size is not None and max(prompt) >= self.vocab_size:
+            raise Refusal(
+                "internal",
+                f"the tokenizer gave token id {max(prompt)}, but the model has only "
+                f"{self.vocab_size} embedding rows: its tokenizer files do not match its "
+                "weights (use the tokenizer shipped with this model)",
             )
         if constraint is None and submit.messages is not None:  # a grammar leaves no markers
             think = self.chat.think if submit.enable_thinking is not False else None

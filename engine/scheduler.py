@@ -54,9 +54,10 @@ class Scheduler:
         *,
         grammar: GrammarTokens | None = None,
         defaults: SamplingDefaults | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.setup = RequestSetup(tokenizer, grammar)
+        self.setup = RequestSetup(tokenizer, grammar, vocab_size)
         self.defaults = defaults or SamplingDefaults()
         self.prefix = prefix or PrefixCache(0)
         self.max_batch_size = max_batch_size

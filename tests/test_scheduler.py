@@ -49,6 +49,20 @@ def test_refusals_never_reach_a_plan(tokenizer):
     assert [i.tokens for i in plan.inserts] == [list(b"hi")]
 
 
+def test_a_token_past_the_models_embedding_is_refused(tokenizer):
+    """A tokenizer that does not match the model's weights gives ids past its embedding
+    table, which MLX's gather would read out of bounds: refused, saying so."""
+    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=32, vocab_size=100)
+    scheduler.submit("c", submit("past", "hi"))  # bytes 104 and 105
+    scheduler.submit("c", submit("within", "AB"))  # 65 and 66
+    errors = {m.id: m for m in sent(scheduler) if isinstance(m, Error)}
+    assert list(errors) == ["past"] and errors["past"].code == "internal"
+    message = errors["past"].message
+    assert "token id 105" in message and "100 embedding rows" in message
+    plan = scheduler.build_plan(BatchEngine(None, 16))
+    assert [i.tokens for i in plan.inserts] == [list(b"AB")]
+
+
 def test_admission_stops_at_max_batch_size(tokenizer):
     scheduler = Scheduler(tokenizer, max_batch_size=2, max_sequence_length=64)
     for i in range(3):
