@@ -2,10 +2,14 @@
 
 Standard library only: every rank's exec path (launcher/command.py) asks for the library
 before it becomes Python with MLX, on its own host. The library is built once per source
-version into .venv/lib (a few hundred milliseconds with cc), atomically, so ranks that
-start together on one host do not trip over each other's build. Where no C compiler is
-found or the build fails, the ranks run without it (the rank's "matrix products" log line
-says which) and products of a few rows go through OpenBLAS's sgemm, about half as fast.
+version and kind of CPU into .venv/lib (a few hundred milliseconds with cc), atomically,
+so ranks that start together on one host do not trip over each other's build. `-march=native`
+code can use instructions another CPU lacks, so the name carries the CPU's model and
+flags: hosts that share a checkout (NFS) keep one build each. A new build removes this
+CPU's builds of older sources (a rank still running one keeps its mapping). Where no C
+compiler is found or the build fails, the ranks run without it (the rank's "matrix
+products" log line says which) and products of a few rows go through OpenBLAS's sgemm,
+about half as fast.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -24,10 +29,38 @@ BUILD_DIR = ROOT / ".venv" / "lib"
 COUNTER = "mlx_ring_sgemm_rows_calls"  # exported by the library: products it took over
 
 
+def _digest(data: bytes, length: int) -> str:
+    return hashlib.sha256(data).hexdigest()[:length]
+
+
+def cpu_key() -> str:
+    """What `-march=native` compiles for, hashed: this CPU's model name and feature flags
+    (the machine's architecture where /proc/cpuinfo is not there)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    first: dict[str, str] = {}
+    for line in lines:
+        name = line.split(":", 1)[0].strip()
+        if name in ("model name", "flags") and name not in first:
+            first[name] = line
+    return _digest(("\n".join(first.values()) or platform.machine()).encode(), 8)
+
+
 def library_path(source: Path = SOURCE, build_dir: Path = BUILD_DIR) -> Path:
-    """Where this version of the source is built (its hash in the name)."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    return build_dir / f"sgemm_rows-{digest}.so"
+    """Where this version of the source is built for this CPU (both hashes in the name)."""
+    return build_dir / f"sgemm_rows-{cpu_key()}-{_digest(source.read_bytes(), 12)}.so"
+
+
+def _remove_older_builds(target: Path) -> None:
+    """This CPU's builds of other sources, and builds named by the source alone (before
+    the CPU was in the name); other CPUs' builds stay."""
+    cpu = target.name.split("-")[1]
+    for old in target.parent.glob("sgemm_rows-*.so"):
+        parts = old.name.split("-")
+        if old != target and (len(parts) == 2 or parts[1] == cpu):
+            old.unlink(missing_ok=True)
 
 
 def build(source: Path = SOURCE, build_dir: Path = BUILD_DIR) -> Path | None:
@@ -59,6 +92,7 @@ def build(source: Path = SOURCE, build_dir: Path = BUILD_DIR) -> Path | None:
         if done.returncode != 0:
             return None
         os.replace(partial, target)
+        _remove_older_builds(target)
     except (OSError, subprocess.SubprocessError):
         return None
     finally:

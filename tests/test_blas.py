@@ -147,3 +147,25 @@ def test_the_peer_gets_openblas_alone_and_ours_the_few_row_library_first():
         OPENBLAS
     )
     assert "LD_PRELOAD" not in blas_preload({"LD_PRELOAD": ":".join(ours)})  # already so
+
+
+def test_a_build_is_named_for_its_cpu_and_replaces_that_cpus_older_builds(tmp_path):
+    """`-march=native` code is kept per kind of CPU (hosts sharing a checkout keep one
+    each); a changed source's build removes this CPU's older ones and the unkeyed names."""
+    from launcher.blas_shim import SOURCE, build, cpu_key, library_path
+
+    source, build_dir = tmp_path / "sgemm_rows.c", tmp_path / "lib"
+    source.write_text(SOURCE.read_text())
+    build_dir.mkdir()
+    other_cpu = build_dir / "sgemm_rows-00000000-aaaaaaaaaaaa.so"
+    unkeyed = build_dir / "sgemm_rows-bbbbbbbbbbbb.so"
+    for stale in (other_cpu, unkeyed):
+        stale.write_bytes(b"")
+    first = build(source, build_dir)
+    assert first == library_path(source, build_dir), first
+    assert first.name.startswith(f"sgemm_rows-{cpu_key()}-")
+    source.write_text(SOURCE.read_text() + "\n/* a changed source */\n")
+    second = build(source, build_dir)
+    assert second is not None and second != first
+    assert sorted(p.name for p in build_dir.iterdir()) == sorted([second.name, other_cpu.name])
+    assert build(source, build_dir) == second  # built once
