@@ -206,6 +206,7 @@ def main(settings: Settings) -> int:
         f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
     )
     defaults = SamplingDefaults.load(info.path, settings)
+    vocab_size = info.config.get("vocab_size")  # the embedding's rows
     log.info("sampling defaults: %s", defaults.describe())
     scheduler = Scheduler(
         tokenizer,
@@ -213,10 +214,10 @@ def main(settings: Settings) -> int:
         settings.max_sequence_length,
         prefix,
         grammar=GrammarTokens.build(
-            tokenizer, info.config.get("vocab_size") or len(tokenizer), tokenizer.eos_token_ids
+            tokenizer, vocab_size or len(tokenizer), tokenizer.eos_token_ids
         ),
         defaults=defaults,
-        vocab_size=info.config.get("vocab_size"),
+        vocab_size=vocab_size,
     )
     log.info("chat prompt: %s", scheduler.setup.chat.describe())
     leader = Leader(
