@@ -79,10 +79,10 @@ class RequestSetup:
                 "invalid_request",
                 "the prompt is empty after tokenization; send at least one token",
             )
-        if self.vocab_size is not None and max(prompt) >= self.vocab_size:
+        if self.vocab_size is not None and (highest := max(prompt)) >= self.vocab_size:
             raise Refusal(
                 "internal",
-                f"the tokenizer gave token id {max(prompt)}, but the model has only "
+                f"the tokenizer gave token id {highest}, but the model has only "
                 f"{self.vocab_size} embedding rows: its tokenizer files do not match its "
                 "weights (use the tokenizer shipped with this model)",
             )

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "native" / "sgemm_rows.c"
 BUILD_DIR = ROOT / ".venv" / "lib"
+PREFIX = "sgemm_rows-"  # of every build's file name: sgemm_rows-<cpu>-<source>.so
 COUNTER = "mlx_ring_sgemm_rows_calls"  # exported by the library: products it took over
 
 
@@ -33,31 +34,40 @@ def _digest(data: bytes, length: int) -> str:
     return hashlib.sha256(data).hexdigest()[:length]
 
 
+def first_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The fields of the first CPU in Linux's cpuinfo ("flags", "model name", ...); none
+    where it is not there."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first CPU's block ends at a blank line
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
 def cpu_key() -> str:
     """What `-march=native` compiles for, hashed: this CPU's model name and feature flags
     (the machine's architecture where /proc/cpuinfo is not there)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    first: dict[str, str] = {}
-    for line in lines:
-        name = line.split(":", 1)[0].strip()
-        if name in ("model name", "flags") and name not in first:
-            first[name] = line
-    return _digest(("\n".join(first.values()) or platform.machine()).encode(), 8)
+    cpu = first_cpu()
+    facts = "\n".join(cpu[name] for name in ("model name", "flags") if name in cpu)
+    return _digest((facts or platform.machine()).encode(), 8)
 
 
 def library_path(source: Path = SOURCE, build_dir: Path = BUILD_DIR) -> Path:
     """Where this version of the source is built for this CPU (both hashes in the name)."""
-    return build_dir / f"sgemm_rows-{cpu_key()}-{_digest(source.read_bytes(), 12)}.so"
+    return build_dir / f"{PREFIX}{cpu_key()}-{_digest(source.read_bytes(), 12)}.so"
 
 
 def _remove_older_builds(target: Path) -> None:
     """This CPU's builds of other sources, and builds named by the source alone (before
     the CPU was in the name); other CPUs' builds stay."""
     cpu = target.name.split("-")[1]
-    for old in target.parent.glob("sgemm_rows-*.so"):
+    for old in target.parent.glob(f"{PREFIX}*.so"):
         parts = old.name.split("-")
         if old != target and (len(parts) == 2 or parts[1] == cpu):
             old.unlink(missing_ok=True)
@@ -73,7 +83,7 @@ def build(source: Path = SOURCE, build_dir: Path = BUILD_DIR) -> Path | None:
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None or not build_dir.is_dir():
         return None
-    fd, partial = tempfile.mkstemp(prefix=".sgemm_rows-", suffix=".so", dir=build_dir)
+    fd, partial = tempfile.mkstemp(prefix=f".{PREFIX}", suffix=".so", dir=build_dir)
     os.close(fd)
     command = [
         compiler,

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.blas_shim import PREFIX as SGEMM_ROWS_PREFIX
 from launcher.blas_shim import build as build_sgemm_rows
-from launcher.blas_shim import calls_in_this_process
+from launcher.blas_shim import calls_in_this_process, first_cpu
 
 if TYPE_CHECKING:
     from config import Settings
@@ -60,7 +61,7 @@ def blas_preload(
     wanted = [str(shim)] if shim is not None else []
     wanted += [str(OPENBLAS)]
     if current[: len(wanted)] != wanted:
-        kept = [path for path in current if path not in wanted and "sgemm_rows-" not in path]
+        kept = [path for path in current if path not in wanted and SGEMM_ROWS_PREFIX not in path]
         env["LD_PRELOAD"] = ":".join(wanted + kept)
     return env
 
@@ -96,12 +97,7 @@ def blas_in_use() -> str | None:
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     """The instruction-set flags of this machine's first CPU (none where Linux's cpuinfo is
     not there)."""
-    if not cpuinfo.exists():
-        return set()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+    return set(first_cpu(cpuinfo).get("flags", "").split())
 
 
 def blas_kernels(
