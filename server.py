@@ -40,8 +40,8 @@ from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
 from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
-from ipc.protocol import RankStatus
 from ipc.server import Event, SocketServer
+from ipc.status import RankStatus
 from launcher.command import blas_in_use
 
 EXIT_BAD_MODEL = 2

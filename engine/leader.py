@@ -24,8 +24,8 @@ from engine.batch_engine import BatchEngine
 from engine.cpu_attention import on_cpu_backend
 from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan
-from ipc.protocol import Counters, LoadProgress, RankState, RankStatus, Status
 from ipc.server import Event, SocketServer
+from ipc.status import Counters, LoadProgress, RankState, RankStatus, Status
 
 EXIT_PEER_GONE = 5
 # Requests of one burst reach rank 0 a few ms apart (8 clients sending at once here: the

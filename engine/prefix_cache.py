@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.prefix_index import PrefixIndex
 from engine.step_plan import Insert, Store
-from ipc.protocol import PrefixCacheStats
+from ipc.status import PrefixCacheStats
 
 log = logging.getLogger("ring.prefix")
 # A queued request waits for a prefix that a prefilling request is about to store when

@@ -1,7 +1,7 @@
 """Whether the API can serve now, and how it says so: one table from the cluster's state to
 the HTTP status, Retry-After and /health reason every route uses.
 
-The state is rank 0's own (ipc.protocol.RankState) while the API is connected to it;
+The state is rank 0's own (ipc.status.RankState) while the API is connected to it;
 otherwise what the connection says: `down` (no connection), `connecting` (no status yet),
 or `stale` (connected, but no status answer for a while). Under launch.sh's supervisor
 (ipc/supervisor_state.py), `supervised` tells that state with what the supervisor does
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ipc.protocol import RankState
+from ipc.status import RankState
 from ipc.supervisor_state import SupervisorState
 
 ClusterState = Literal[

@@ -36,14 +36,13 @@ from ipc.protocol import (
     Done,
     Error,
     Hello,
-    RankState,
     ServerMessage,
     Started,
-    Status,
     StatusRequest,
     Submit,
     Welcome,
 )
+from ipc.status import RankState, Status
 from ipc.supervisor_state import StateReader
 
 log = logging.getLogger("ring.api.rank_client")

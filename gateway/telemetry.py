@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from ipc.protocol import Done, Status
+from ipc.protocol import Done
+from ipc.status import Status
 
 HISTORY_SECONDS = 600.0
 RECENT_REQUESTS = 30

@@ -23,10 +23,10 @@ from ipc.protocol import (
     Hello,
     ServerMessage,
     Shutdown,
-    Status,
     StatusRequest,
     Welcome,
 )
+from ipc.status import Status
 
 
 class ClientError(Exception):

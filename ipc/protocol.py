@@ -1,5 +1,7 @@
 """Messages between api.py (client) and rank 0 (server) over the Unix socket.
 
+The status snapshot that answers StatusRequest (Status and its parts) lives in ipc/status.py.
+
 Framing: each frame is a 4-byte big-endian length, then that many bytes of UTF-8 JSON
 holding one message. One connection carries many requests at once, multiplexed by
 request `id`; the API keeps one connection open and reconnects when it drops.
@@ -13,10 +15,11 @@ cancels every request it submitted.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from ipc.status import Status
 
 PROTOCOL_VERSION = 2  # 2: tools, output formats, reasoning, model aliases
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -152,15 +155,6 @@ class Usage(BaseModel):
 FinishReason = Literal["stop", "tool_calls", "length", "cancelled"]
 
 
-class RankState(StrEnum):
-    """Rank 0's state. The gateway maps each to an HTTP status and Retry-After."""
-
-    LOADING = "loading"  # resolving, planning or loading the model
-    READY = "ready"  # serving requests
-    STOPPING = "stopping"  # a shutdown was asked for; no new requests
-    FAILED = "failed"  # cannot serve; Status.reason says why
-
-
 class Timings(BaseModel):
     """Measured by rank 0 for one request."""
 
@@ -278,72 +272,6 @@ class Error(_Message):
     code: ErrorCode
     message: str
     param: str | None = None  # the request field at fault, when one is
-
-
-class RankStatus(BaseModel):
-    rank: int
-    host: str
-    share: str = ""
-    weight_bytes: int = 0
-    memory_bytes: int = 0
-    machine_memory_bytes: int = 0  # its machine's memory (shared by the ranks on it)
-    kv_bytes_per_token: int = 0  # this rank's KV per cached token; 0: no prefix cache
-    prefix_cache_bytes: int = 0  # this rank's prefix-cache budget
-
-
-class PrefixCacheStats(BaseModel):
-    """The prefix cache as rank 0 sees it (bytes are rank 0's own)."""
-
-    enabled: bool = False
-    budget_tokens: int = 0
-    entries: int = 0
-    cached_tokens: int = 0
-    bytes: int = 0
-    hits: int = 0
-    hit_tokens: int = 0
-    misses: int = 0
-    evictions: int = 0
-
-
-class LoadProgress(BaseModel):
-    """How far one rank is in loading its part: layers materialized of its total."""
-
-    rank: int
-    done: int
-    total: int
-
-
-class Counters(BaseModel):
-    """Rank 0's running totals since it started (rates come from their differences)."""
-
-    steps: int = 0
-    decode_tokens: int = 0
-    prefill_tokens: int = 0
-
-
-class Status(_Message):
-    """Rank 0's view of the cluster, for /health, /model/info and /cluster/status."""
-
-    type: Literal["status"] = "status"
-    state: RankState
-    reason: str = ""
-    model_id: str
-    model_aliases: list[str] = Field(default_factory=list)  # other names that select it
-    model_info: dict[str, Any] = Field(default_factory=dict)
-    backend: str = ""
-    world_size: int = 1
-    plan: dict[str, Any] = Field(default_factory=dict)
-    ranks: list[RankStatus] = Field(default_factory=list)
-    active_requests: int = 0
-    queued_requests: int = 0
-    max_batch_size: int = 0
-    last_step_ms: float | None = None
-    counters: Counters = Field(default_factory=Counters)
-    kv_tokens: int = 0  # tokens in the running batch's KV cache (on every rank)
-    loading: list[LoadProgress] = Field(default_factory=list)  # per rank, while loading
-    prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
-    max_sequence_length: int = 0
-    uptime_s: float = 0.0
 
 
 ClientMessage = Annotated[

@@ -30,13 +30,12 @@ from ipc.protocol import (
     Error,
     ErrorCode,
     Hello,
-    RankState,
     Shutdown,
-    Status,
     StatusRequest,
     Submit,
     Welcome,
 )
+from ipc.status import RankState, Status
 
 log = logging.getLogger("ring.socket")
 

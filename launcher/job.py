@@ -20,7 +20,8 @@ import time
 
 from config import Settings
 from ipc.client import ClientError, RankClient, get_status
-from ipc.protocol import RankState, Shutdown, Status
+from ipc.protocol import Shutdown
+from ipc.status import RankState, Status
 from launcher.command import launch_sh_argv
 from launcher.hostfile import build_hosts, free_port_run, render
 from launcher.paths import Paths

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from ipc.client import ClientError, RankClient, get_status, wait_ready
-from ipc.protocol import Shutdown, Status
+from ipc.protocol import Shutdown
+from ipc.status import Status
 from launcher.command import ROOT as PROJECT_DIR
 from launcher.command import Job, blas_preload, blas_threads
 from launcher.hostfile import random_free_port_run

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from gateway.model_facts import model_facts
 from gateway.rank_client import RankClient
 from gateway.telemetry import RecentRequest, Sample, Telemetry
-from ipc.protocol import LoadProgress, PrefixCacheStats, Status
+from ipc.status import LoadProgress, PrefixCacheStats, Status
 
 
 class ModelView(BaseModel):

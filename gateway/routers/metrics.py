@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.telemetry import Sample
-from ipc.protocol import PrefixCacheStats
+from ipc.status import PrefixCacheStats
 
 router = APIRouter(tags=["metrics"])
 

@@ -1,0 +1,89 @@
+"""Rank 0's status snapshot: the answer to a StatusRequest on the socket (ipc/protocol.py).
+
+Read by the gateway (/health, /model/info, /cluster/status, the dashboard, /metrics) and by
+the launcher (readiness, shutdown); written by rank 0 (engine/leader.py) from its running state.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RankState(StrEnum):
+    """Rank 0's state. The gateway maps each to an HTTP status and Retry-After."""
+
+    LOADING = "loading"  # resolving, planning or loading the model
+    READY = "ready"  # serving requests
+    STOPPING = "stopping"  # a shutdown was asked for; no new requests
+    FAILED = "failed"  # cannot serve; Status.reason says why
+
+
+class RankStatus(BaseModel):
+    rank: int
+    host: str
+    share: str = ""
+    weight_bytes: int = 0
+    memory_bytes: int = 0
+    machine_memory_bytes: int = 0  # its machine's memory (shared by the ranks on it)
+    kv_bytes_per_token: int = 0  # this rank's KV per cached token; 0: no prefix cache
+    prefix_cache_bytes: int = 0  # this rank's prefix-cache budget
+
+
+class PrefixCacheStats(BaseModel):
+    """The prefix cache as rank 0 sees it (bytes are rank 0's own)."""
+
+    enabled: bool = False
+    budget_tokens: int = 0
+    entries: int = 0
+    cached_tokens: int = 0
+    bytes: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class LoadProgress(BaseModel):
+    """How far one rank is in loading its part: layers materialized of its total."""
+
+    rank: int
+    done: int
+    total: int
+
+
+class Counters(BaseModel):
+    """Rank 0's running totals since it started (rates come from their differences)."""
+
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+
+
+class Status(BaseModel):
+    """Rank 0's view of the cluster, for /health, /model/info and /cluster/status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["status"] = "status"
+    state: RankState
+    reason: str = ""
+    model_id: str
+    model_aliases: list[str] = Field(default_factory=list)  # other names that select it
+    model_info: dict[str, Any] = Field(default_factory=dict)
+    backend: str = ""
+    world_size: int = 1
+    plan: dict[str, Any] = Field(default_factory=dict)
+    ranks: list[RankStatus] = Field(default_factory=list)
+    active_requests: int = 0
+    queued_requests: int = 0
+    max_batch_size: int = 0
+    last_step_ms: float | None = None
+    counters: Counters = Field(default_factory=Counters)
+    kv_tokens: int = 0  # tokens in the running batch's KV cache (on every rank)
+    loading: list[LoadProgress] = Field(default_factory=list)  # per rank, while loading
+    prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
+    max_sequence_length: int = 0
+    uptime_s: float = 0.0
