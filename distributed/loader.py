@@ -19,8 +19,10 @@ from acquisition.source import ModelSourceError, resolve_model, served_names
 from config import Settings
 from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
+from distributed.model_shape import ModelShape, PlanError
 from distributed.pipeline import MlxLmPipeline, PipelineStage
-from distributed.plan import ModelShape, Plan, PlanError, make_plan, resolve_weights
+from distributed.plan import Plan, make_plan, resolve_weights
+from distributed.plan_text import describe
 from distributed.tensor_parallel import shard_model
 from distributed.watchdog import EvalGuard
 
@@ -55,7 +57,7 @@ class ModelInfo:
     @property
     def share(self) -> str:
         """This rank's line of the plan."""
-        return self.plan.describe()[1 + self.rank].strip()
+        return describe(self.plan)[1 + self.rank].strip()
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -123,7 +125,7 @@ def load_rank_model(
         raise PlanError(f"plan was made for a different model than {model_dir}")
     if group.size() != plan.world_size:
         raise PlanError(f"plan is for {plan.world_size} ranks, the group has {group.size()}")
-    lines = plan.describe()
+    lines = describe(plan)
     for line in lines if group.rank() == 0 else lines[group.rank() + 1 : group.rank() + 2]:
         log.info(line.strip())
     started = time.perf_counter()

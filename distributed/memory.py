@@ -179,11 +179,17 @@ def check_fit(
     model_dir: Path,
     hosts: list[RankHost],
     weights: list[float] | None,
-    parallelism: str,
-    sequences: int,
-    sequence_length: int,
+    parallelism: str = "auto",
+    sequences: int = 8,
+    sequence_length: int = 4096,
 ) -> FitReport:
-    """The planner's memory check (distributed.plan.fits documents it)."""
+    """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
+    rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
+    `sequence_length` (MAX_SEQUENCE_LENGTH) tokens fit its machine (its memory divided among
+    the ranks on it). Reads config.json and the safetensors headers; loads no weight.
+    Returns the plan and the per-rank figures (`FitReport.describe()`); raises PlanError
+    naming the rank and the shortfall when a rank does not fit (DoesNotFit, which carries
+    the report), or when the split itself is refused."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     plan = make_plan(config, len(hosts), weights, parallelism, hosts)
     report = predict(model_dir, plan, hosts, sequences, sequence_length)

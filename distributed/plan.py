@@ -6,14 +6,15 @@ any weight loads. Tensor plans split attention by whole KV-head groups, dense ML
 columns, MoE layers by whole experts and the embeddings and head by vocabulary rows; the
 fine units (columns, rows) are weighed so that every rank's whole share follows its weight
 (distributed/shares.py). Pipeline plans give each rank a contiguous range of layers.
-`fits` adds the memory check: predicted weights and KV per rank against each machine.
+
+Elsewhere: a plan's text for logs and the CLI (distributed/plan_text.py), the memory check
+(distributed/memory.py `check_fit`), the CLI (`python -m distributed.plan_cli`).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -33,11 +34,6 @@ from distributed.split_checks import (
     tensor_problems,
     unregistered,
 )
-
-if TYPE_CHECKING:
-    from distributed.memory import FitReport
-
-__all__ = ["ModelShape", "Plan", "PlanError", "RankShare", "apportion", "fits", "make_plan"]
 
 Strategy = Literal["single", "tensor-even", "tensor-uneven", "pipeline"]
 
@@ -77,89 +73,6 @@ class Plan(BaseModel):
     @property
     def is_tensor(self) -> bool:
         return self.strategy in ("tensor-even", "tensor-uneven")
-
-    @property
-    def split_parts(self) -> str:
-        """What a tensor plan splits, e.g. 'heads + experts + vocabulary'."""
-        if self.via_mlx_lm:
-            return "mlx-lm's shard()"
-        parts = [
-            name
-            for name, on in (
-                ("heads", self.split_heads),
-                ("mlp columns", self.shape.dense_layer_count > 0),
-                ("experts", self.split_experts),
-                ("vocabulary", self.split_vocab),
-            )
-            if on
-        ]
-        return " + ".join(parts)
-
-    def describe(self) -> list[str]:
-        """One headline plus one line per rank, for logs and the CLI."""
-        s = self.shape
-        quant = f"{s.bits}-bit {s.quant_mode}, group {s.group_size}" if s.quantized else "float"
-        kind = f" by {self.split_parts}" if self.is_tensor else ""
-        if self.strategy == "pipeline" and self.via_mlx_lm:
-            kind = " through mlx-lm's pipeline() (last layers on rank 0)"
-        moe = ""
-        if s.is_moe:
-            moe = (
-                f", {s.num_experts} experts x {s.expert_size} (top {s.experts_per_token}) in "
-                f"{s.moe_layers} MoE layers"
-                + (f", shared {s.shared_size}" if s.shared_size else "")
-            )
-        mlp = f"mlp {s.intermediate_size}" + (
-            f" in {s.dense_layer_count} dense layers" if s.is_moe else ""
-        )
-        lines = [
-            f"plan {self.strategy}{kind} (asked {self.requested}) for {s.model_type} on "
-            f"{self.world_size} rank(s), weights {','.join(f'{w:g}' for w in self.weights)}: "
-            f"{s.num_heads} q / {s.num_kv_heads} kv heads x {s.head_dim}, {mlp}{moe}, "
-            f"{s.num_layers} layers, {quant}"
-        ]
-        if self.note:
-            lines[0] += f"; {self.note}"
-        lines += [
-            f"  rank {r.rank} (weight {r.weight:g}): {self._rank_body(r)}" for r in self.ranks
-        ]
-        return lines
-
-    def _rank_body(self, r: RankShare) -> str:
-        s = self.shape
-        if self.is_tensor and self.via_mlx_lm:
-            body = f"1/{self.world_size} of every head and MLP, all {s.num_layers} layers"
-        elif self.is_tensor:
-            parts = (
-                [f"kv heads {_span(r.kv_heads)}", f"q heads {_span(r.q_heads)}"]
-                if self.split_heads
-                else ["attention whole"]
-            )
-            if s.dense_layer_count:
-                parts.append(f"mlp columns {_span(r.mlp_columns)}")
-            if s.is_moe:
-                parts.append(f"experts {_span(r.experts)}")
-            if s.shared_size:
-                parts.append(f"shared columns {_span(r.shared_columns)}")
-            if self.split_vocab:
-                parts.append(f"vocab {_span(r.vocab)}")
-            body = ", ".join(parts) + f", all {s.num_layers} layers"
-        else:
-            body = f"layers {_span(r.layers)}"
-        head = "head"
-        if not self.is_tensor and s.tie_word_embeddings and self.world_size > 1:
-            head = "tied head (on the final hidden state from the last stage)"
-        final_norm = not self.is_tensor and (self.via_mlx_lm or r.rank == self.world_size - 1)
-        parts_on = (("embeddings", r.embeddings), ("final norm", final_norm), (head, r.head))
-        extras = [name for name, on in parts_on if on and not self.split_vocab]
-        return body + (" + " + " + ".join(extras) if extras else "")
-
-
-def _span(span: Span) -> str:
-    start, end = span
-    if end == start:
-        return "none"
-    return f"{start}-{end - 1} ({end - start})" if end - start != 1 else f"{start} (1)"
 
 
 def _check_weights(world_size: int, weights: list[float] | None) -> list[float]:
@@ -401,29 +314,3 @@ def _mlx_lm_pipeline_plan(shape: ModelShape, world: int, weights: list[float], a
     layers = spans(counts[::-1])[::-1]
     ranks = [_whole(shape, r, weights[r], layers[r], True, True) for r in range(world)]
     return _plan("pipeline", asked, shape, weights, ranks, via_mlx_lm=True)
-
-
-def fits(
-    model_dir: Path,
-    hosts: list[RankHost],
-    weights: list[float] | None,
-    parallelism: str = "auto",
-    sequences: int = 8,
-    sequence_length: int = 4096,
-) -> FitReport:
-    """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
-    rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
-    `sequence_length` (MAX_SEQUENCE_LENGTH) tokens fit its machine (its memory divided among
-    the ranks on it). Reads config.json and the safetensors headers; loads no weight.
-    Returns the plan and the per-rank figures (`FitReport.describe()`); raises PlanError
-    naming the rank and the shortfall when a rank does not fit (memory.DoesNotFit, which
-    carries the report), or when the split itself is refused."""
-    from distributed.memory import check_fit
-
-    return check_fit(Path(model_dir), hosts, weights, parallelism, sequences, sequence_length)
-
-
-if __name__ == "__main__":  # `python -m distributed.plan`: the CLI lives in plan_cli.py
-    from distributed.plan_cli import main
-
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m distributed.plan`: print the split plan for a model (no memory check; for
+"""`python -m distributed.plan_cli`: print the split plan for a model (no memory check; for
 that, `./launch.sh plan`, launcher/plan_check.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 
 from config.settings import parse_rank_weights
 from distributed.hosts import this_host
-from distributed.plan import PlanError, make_plan, resolve_weights
+from distributed.model_shape import PlanError
+from distributed.plan import make_plan, resolve_weights
+from distributed.plan_text import describe
 
 
 def _config_for(model: str) -> dict:
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except (PlanError, ValueError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
-    print(plan.model_dump_json(indent=2) if args.json else "\n".join(plan.describe()))
+    print(plan.model_dump_json(indent=2) if args.json else "\n".join(describe(plan)))
     return 0
 
 

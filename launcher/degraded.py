@@ -85,14 +85,16 @@ def fit_problem(
     the planner's own memory check (`./launch.sh plan`: weights plus the KV cache of
     MAX_BATCH_SIZE full sequences); else why not. Unknown memory is assumed to fit."""
     from distributed.hosts import RankHost
-    from distributed.plan import PlanError, fits, resolve_weights  # imports mlx: when asked
+    from distributed.memory import check_fit  # imports mlx: when asked
+    from distributed.model_shape import PlanError
+    from distributed.plan import resolve_weights
 
     rank_hosts = [
         RankHost(host=name, cores=cores or 1, memory_bytes=free or 2**62)
         for name, free, cores in hosts
     ]
     try:
-        fits(
+        check_fit(
             model_dir,
             rank_hosts,
             resolve_weights(settings.rank_weights, rank_hosts),

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from config.settings import Settings, run_with_settings
 from distributed.hosts import RankHost, this_host
-from distributed.memory import DoesNotFit
-from distributed.plan import PlanError, fits, resolve_weights
+from distributed.memory import DoesNotFit, check_fit
+from distributed.model_shape import PlanError
+from distributed.plan import resolve_weights
+from distributed.plan_text import describe
 from launcher.detect import remote_facts
 from launcher.hostfile import HostfileError, worker_destinations
 
@@ -48,7 +50,7 @@ def check(settings: Settings, model_dir: Path) -> int:
     try:
         hosts = plan_hosts(settings)
         weights = resolve_weights(settings.rank_weights, hosts)
-        report = fits(
+        report = check_fit(
             model_dir,
             hosts,
             weights,
@@ -57,13 +59,13 @@ def check(settings: Settings, model_dir: Path) -> int:
             settings.max_sequence_length,
         )
     except DoesNotFit as exc:
-        print("\n".join(exc.report.plan.describe() + exc.report.describe()))
+        print("\n".join(describe(exc.report.plan) + exc.report.describe()))
         print(f"refused: {exc}", file=sys.stderr)
         return 2
     except PlanError as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
-    print("\n".join(report.plan.describe() + report.describe()))
+    print("\n".join(describe(report.plan) + report.describe()))
     return 0
 
 

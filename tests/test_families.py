@@ -15,8 +15,10 @@ from config.settings import Settings
 from distributed.families import FAMILIES, model_types, registered
 from distributed.families.table import BEGIN, DOC, END, table
 from distributed.hosts import RankHost
-from distributed.memory import DoesNotFit, kv_bytes
-from distributed.plan import PlanError, fits, make_plan
+from distributed.memory import DoesNotFit, check_fit, kv_bytes
+from distributed.model_shape import PlanError
+from distributed.plan import make_plan
+from distributed.plan_text import describe
 from launcher.plan_check import check
 from tests.support.tiny_families import MLX_LM_CONFIGS, mlx_lm_module, write_family_model
 
@@ -126,7 +128,7 @@ def test_mlx_lm_pipeline_sizes_layers_by_weight_last_layers_on_rank_zero() -> No
         12 * per_layer,
         12 * per_layer,
     ]
-    assert "through mlx-lm's pipeline()" in plan.describe()[0]
+    assert "through mlx-lm's pipeline()" in describe(plan)[0]
     assert make_plan(qwen3_5, 2, None, "tensor").strategy == "tensor-even"
     with pytest.raises(PlanError, match="iquestloopcoder has no pipeline split"):
         make_plan({**MLX_LM_CONFIGS["iquestloopcoder"], "vocab_size": 256}, 2, None, "pipeline")
@@ -146,8 +148,8 @@ def test_moe_tensor_plan_splits_heads_experts_and_vocabulary_by_weight() -> None
     assert [r.experts for r in plan.ranks] == [(0, 64), (64, 96), (96, 128)]
     assert [r.kv_heads for r in plan.ranks] == [(0, 2), (2, 3), (3, 4)]
     assert plan.ranks[0].vocab[0] == 0 and plan.ranks[-1].vocab[1] == 151936
-    assert "by heads + experts + vocabulary" in plan.describe()[0]
-    assert "experts 0-63 (64)" in plan.describe()[1]
+    assert "by heads + experts + vocabulary" in describe(plan)[0]
+    assert "experts 0-63 (64)" in describe(plan)[1]
 
 
 def test_moe_attention_stays_whole_where_heads_cannot_split() -> None:
@@ -155,7 +157,7 @@ def test_moe_attention_stays_whole_where_heads_cannot_split() -> None:
     assert plan.is_tensor and plan.split_experts and not plan.split_heads
     assert "attention whole on every rank" in plan.note and "4 KV heads" in plan.note
     assert all(r.kv_heads == (0, 4) for r in plan.ranks)
-    assert "attention whole" in plan.describe()[1]
+    assert "attention whole" in describe(plan)[1]
 
 
 def test_dense_models_still_refuse_heads_that_cannot_split() -> None:
@@ -213,13 +215,13 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_fits_predicts_each_rank_and_refuses_a_short_one(tiny_moe: Path) -> None:
     roomy = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(3)]
-    report = fits(tiny_moe, roomy, [2, 1, 1], "tensor", 8, 4096)
+    report = check_fit(tiny_moe, roomy, [2, 1, 1], "tensor", 8, 4096)
     weights = [r.weight_bytes for r in report.ranks]
     assert weights[0] > 1.8 * weights[1] and weights[1] > 0
     assert report.ranks[1].kv_bytes == 8 * 4096 * report.ranks[1].kv_bytes_per_token
     short = [roomy[0], roomy[1], RankHost(host="mini", cores=8, memory_bytes=2**20)]
     with pytest.raises(DoesNotFit, match=r"rank 2 on mini needs .* short by") as caught:
-        fits(tiny_moe, short, [2, 1, 1], "tensor", 8, 4096)
+        check_fit(tiny_moe, short, [2, 1, 1], "tensor", 8, 4096)
     assert caught.value.report.ranks[2].short_bytes > 0
     assert "What would work" in str(caught.value)
 

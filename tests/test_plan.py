@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 
 from config.settings import parse_rank_weights
 from distributed.hosts import RankHost
-from distributed.plan import Plan, PlanError, apportion, make_plan, resolve_weights
+from distributed.model_shape import PlanError
+from distributed.plan import Plan, make_plan, resolve_weights
+from distributed.plan_text import describe
+from distributed.shares import apportion
 from distributed.tensor_parallel import slice_columns, slice_rows
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -107,7 +110,7 @@ def test_pipeline_layers_follow_weights_with_embeddings_first_and_norm_last() ->
     assert [r.layers for r in plan.ranks] == [(0, 15), (15, 23), (23, 30)]
     assert [r.embeddings for r in plan.ranks] == [True, False, False]
     assert [r.head for r in plan.ranks] == [False, False, True]
-    assert "final norm" in plan.describe()[-1]
+    assert "final norm" in describe(plan)[-1]
 
 
 def test_pipeline_with_tied_embeddings_keeps_the_head_on_rank_zero() -> None:
@@ -129,7 +132,7 @@ def test_single_rank_holds_everything() -> None:
 def test_plan_dump_round_trips_and_describes_every_rank() -> None:
     plan = make_plan(SMOLLM2, 3, [2, 1, 1], "auto")
     assert Plan.model_validate(plan.model_dump()) == plan
-    lines = plan.describe()
+    lines = describe(plan)
     assert len(lines) == 4 and "rank 2 (weight 1)" in lines[3]
 
 
@@ -195,7 +198,7 @@ def test_parse_weights() -> None:
 
 def test_cli_prints_the_plan_and_refuses_with_status_2(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
-    run = [sys.executable, "-m", "distributed.plan", "--model", str(tmp_path), "--world", "3"]
+    run = [sys.executable, "-m", "distributed.plan_cli", "--model", str(tmp_path), "--world", "3"]
     done = subprocess.run(
         run + ["--weights", "2,1,1"], capture_output=True, text=True, cwd=PROJECT, check=False
     )
@@ -396,7 +399,7 @@ def test_local_ranks_that_outnumber_the_cores_run_pipeline() -> None:
     two_cores = [RankHost(host="mac", cores=2, memory_bytes=2**34)]
     crowded = make_plan(SMOLLM2, 3, None, "auto", two_cores * 3)
     assert crowded.strategy == "pipeline"
-    assert "3 local ranks on 2 cores of mac" in crowded.describe()[0]
+    assert "3 local ranks on 2 cores of mac" in describe(crowded)[0]
     assert make_plan(SMOLLM2, 3, None, "tensor", two_cores * 3).strategy == "tensor-even"
     spread = [RankHost(host=f"mac{i}", cores=2, memory_bytes=2**34) for i in range(3)]
     assert make_plan(SMOLLM2, 3, None, "auto", spread).strategy == "tensor-even"

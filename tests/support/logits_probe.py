@@ -36,6 +36,7 @@ from distributed.hosts import gather_hosts  # noqa: E402
 from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
 from distributed.memory import activation_bytes, kv_bytes, predict_weight_bytes  # noqa: E402
 from distributed.plan import make_plan  # noqa: E402
+from distributed.plan_text import describe  # noqa: E402
 from engine import cpu_attention  # noqa: E402
 from engine.batch_caches import left_pad, merged  # noqa: E402
 from engine.prefix_store import kv_bytes_per_token  # noqa: E402
@@ -92,7 +93,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     loaded = time.perf_counter()
     rank = group.rank()
     info = {
-        "plan": plan.describe(),
+        "plan": describe(plan),
         "strategy": plan.strategy,
         "split_heads": plan.split_heads,
         "weight_bytes": weight_bytes(model),
