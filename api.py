@@ -12,7 +12,7 @@ import uvicorn
 
 from config.logging_setup import setup_logging
 from config.settings import Settings, run_with_settings
-from gateway import create_app
+from gateway.app import create_app
 
 
 def serve(settings: Settings) -> int:

@@ -25,9 +25,6 @@ from distributed.plan import Plan, RankShare
 from distributed.slicing import SplitRMSNorm, keep_rows, slice_columns, slice_rows
 from distributed.vocab_parallel import split_vocabulary
 
-# Kept importable from here for the tests and callers that slice single layers.
-__all__ = ["shard_model", "slice_columns", "slice_rows"]
-
 
 def split_attention(
     attn: nn.Module,

@@ -1,5 +1,2 @@
-"""The OpenAI-compatible FastAPI app in front of rank 0 (never imports mlx)."""
-
-from gateway.app import create_app
-
-__all__ = ["create_app"]
+"""The OpenAI-compatible FastAPI app in front of rank 0 (never imports mlx); the app is made
+by gateway/app.py `create_app`."""

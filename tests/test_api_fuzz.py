@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from config.settings import Settings
-from gateway import create_app
+from gateway.app import create_app
 
 app = create_app(
     Settings(socket_path="/nonexistent/mlx-ring-fuzz.sock", max_request_bytes=65536, api_key="")

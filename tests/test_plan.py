@@ -20,7 +20,7 @@ from distributed.model_shape import PlanError
 from distributed.plan import Plan, make_plan, resolve_weights
 from distributed.plan_text import describe
 from distributed.shares import apportion
-from distributed.tensor_parallel import slice_columns, slice_rows
+from distributed.slicing import slice_columns, slice_rows
 
 PROJECT = Path(__file__).resolve().parents[1]
 
