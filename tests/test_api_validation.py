@@ -269,9 +269,10 @@ def test_openapi_schema_is_served(client):
 
 def test_api_never_imports_mlx():
     code = (
-        "import sys, api, gateway\n"
+        "import sys, api\n"
         "from config.settings import Settings\n"
-        "app = gateway.create_app(Settings(socket_path='/nonexistent.sock'))\n"
+        "from gateway.app import create_app\n"
+        "app = create_app(Settings(socket_path='/nonexistent.sock'))\n"
         "app.openapi()\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] in ('mlx', 'mlx_lm')))"
     )
