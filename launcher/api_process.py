@@ -1,10 +1,12 @@
 """api.py as the supervisor's child: started in its own process group (pid in run/api.pid)
 with the supervisor's state file named in its environment, ended by signal, and checked
-through scripts/api_check.py (the same check launch.sh uses)."""
+through scripts/api_check.py (the same check launch.sh uses). ApiKeeper keeps it running:
+an api.py that ends is started again after a backoff, while the ranks keep running."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -12,8 +14,15 @@ import sys
 import time
 
 from config import Settings
-from ipc.supervisor_state import STATE_ENV
+from ipc.supervisor_state import STATE_ENV, Failure
 from launcher.paths import Paths
+from launcher.restart_policy import RestartPolicy
+from launcher.start_progress import Progress
+
+log = logging.getLogger("ring.supervisor")
+
+API_READY_TIMEOUT_S = 60.0
+API_STEADY_S = 30.0  # api.py that ran this long before it ended starts again at once
 
 
 def api_url(settings: Settings) -> str:
@@ -88,3 +97,49 @@ class ApiProcess:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         return was_running
+
+
+class ApiKeeper:
+    """Starts api.py (the first time, waiting for /health and telling launch.sh) and starts
+    it again after a backoff whenever it ends, never while the supervisor stops."""
+
+    def __init__(self, api: ApiProcess, progress: Progress) -> None:
+        self.api = api
+        self.progress = progress
+        self.policy = RestartPolicy(limit=2**31, window_s=1.0, first_s=0.5)
+        self.due: float | None = None  # monotonic time of api.py's next start
+
+    def start(self, first: bool = False) -> None:
+        pid = self.api.start()
+        log.info("started api.py (pid %d) on %s", pid, self.api.url)
+        if not first:
+            return
+        self.progress.say(f"==> API: api.py on {self.api.url} -> {self.api.paths.api_log.name}")
+        problem = self.api.wait_healthy(API_READY_TIMEOUT_S)
+        if problem is None:
+            self.progress.say("    /health is ready")
+        else:
+            self.progress.failed(problem, self.api.paths.api_log)
+
+    def ended(self, stopping: bool) -> Failure | None:
+        """api.py's end, once it ended by itself (the failure to remember); its next start
+        is then due after the backoff."""
+        code = self.api.exited()
+        if code is None or stopping:
+            return None
+        mono = time.monotonic()
+        if mono - self.api.started_at > API_STEADY_S:
+            self.policy.came_up()
+        self.policy.failed(mono)
+        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        reason = f"api.py ended ({why})"
+        self.api.end(0.0)
+        delay = self.policy.delay()
+        log.warning("%s; starting it again in %.1f s (the ranks keep running)", reason, delay)
+        self.due = mono + delay
+        return Failure(at=time.time(), what="api", reason=reason)
+
+    def start_if_due(self, stopping: bool) -> None:
+        if self.due is not None and time.monotonic() >= self.due and not stopping:
+            self.due = None
+            self.start()

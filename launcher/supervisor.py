@@ -31,7 +31,7 @@ from config.logging_setup import setup_logging
 from config.settings import run_with_settings
 from ipc.supervisor_state import Failure, SupervisorState, read_state, write_state
 from launcher import remote
-from launcher.api_process import ApiProcess
+from launcher.api_process import API_READY_TIMEOUT_S, ApiKeeper, ApiProcess
 from launcher.degraded import choose_workers
 from launcher.job import RankJob, local_ranks_stop
 from launcher.paths import Paths
@@ -41,8 +41,6 @@ from launcher.start_progress import Progress, follow
 log = logging.getLogger("ring.supervisor")
 
 RANKS_READY_TIMEOUT_S = 900.0  # large models load slowly
-API_READY_TIMEOUT_S = 60.0
-API_STEADY_S = 30.0  # api.py that ran this long before it ended starts again at once
 END_GRACE_S = 1.0  # mlx.launch relays the ranks' last lines, then its group is killed
 WATCH_TRIES = 5  # connections to rank 0 tried, 1 s apart, before its silence ends the job
 
@@ -67,12 +65,11 @@ class Supervisor:
         self.environ = dict(os.environ)
         self.workers = remote.configured_workers(settings)
         self.ranks_policy = RestartPolicy(settings.restart_limit, settings.restart_window_seconds)
-        self.api_policy = RestartPolicy(limit=2**31, window_s=1.0, first_s=0.5)
         self.state = SupervisorState(pid=os.getpid(), phase="starting", since=time.time())
         self.api = ApiProcess(settings, self.environ, paths)
-        self.api_due: float | None = None  # monotonic time of api.py's next start
         self.job: RankJob | None = None
         self.progress = Progress(paths.progress, enabled=not foreground)
+        self.keeper = ApiKeeper(self.api, self.progress)
         self.stopping = False
         self.ever_ready = False
         self._selector = selectors.DefaultSelector()
@@ -119,8 +116,8 @@ class Supervisor:
         self._tend_api()
         if self.stopping:
             return False
-        if self.api_due is not None:
-            until_api = max(0.0, self.api_due - time.monotonic())
+        if self.keeper.due is not None:
+            until_api = max(0.0, self.keeper.due - time.monotonic())
             timeout = until_api if timeout is None else min(timeout, until_api)
         readable = False
         for key, _ in self._selector.select(timeout):
@@ -217,8 +214,8 @@ class Supervisor:
         if line:
             self.progress.say(f"    {line}")
             log.info("%s", line)
-        if self.api.process is None and self.api_due is None:
-            self._start_api(first=True)
+        if self.api.process is None and self.keeper.due is None:
+            self.keeper.start(first=True)
         self.progress.ready()
 
     def _watch(self, job: RankJob) -> Ended | None:
@@ -266,7 +263,7 @@ class Supervisor:
         if not self.ever_ready:
             self.progress.failed(ended.reason, self.paths.supervisor_log)  # if still open
             if self.foreground and self.api.process is None:
-                self.api_due = mono  # so that /health can say why
+                self.keeper.due = mono  # so that /health can say why
         if ended.counts and self.ranks_policy.gave_up(mono):
             self._give_up(ended.reason)
             return False
@@ -295,8 +292,8 @@ class Supervisor:
         self._set_phase("failed")
         log.error("gave up restarting the ranks: %s", self.state.reason)
         self._stop_workers()
-        if self.api.process is None and self.api_due is None:
-            self.api_due = time.monotonic()  # so that /health can say why
+        if self.api.process is None and self.keeper.due is None:
+            self.keeper.due = time.monotonic()  # so that /health can say why
         while not self.stopping:
             self._pump(None)
 
@@ -308,38 +305,14 @@ class Supervisor:
 
     # ---- api.py ------------------------------------------------------------------------
 
-    def _start_api(self, first: bool = False) -> None:
-        pid = self.api.start()
-        log.info("started api.py (pid %d) on %s", pid, self.api.url)
-        if not first:
-            return
-        self.progress.say(f"==> API: api.py on {self.api.url} -> {self.paths.api_log.name}")
-        problem = self.api.wait_healthy(API_READY_TIMEOUT_S)
-        if problem is None:
-            self.progress.say("    /health is ready")
-        else:
-            self.progress.failed(problem, self.paths.api_log)
-
     def _tend_api(self) -> None:
         """Notice api.py's end and start it again after its backoff (never while stopping)."""
-        code = self.api.exited()
-        if code is not None and not self.stopping:
-            mono = time.monotonic()
-            if mono - self.api.started_at > API_STEADY_S:
-                self.api_policy.came_up()
-            self.api_policy.failed(mono)
-            why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-            reason = f"api.py ended ({why})"
-            self.api.end(0.0)
+        failure = self.keeper.ended(self.stopping)
+        if failure is not None:
             self.state.api_restarts += 1
-            self.state.remember(Failure(at=time.time(), what="api", reason=reason))
+            self.state.remember(failure)
             self._publish()
-            delay = self.api_policy.delay()
-            log.warning("%s; starting it again in %.1f s (the ranks keep running)", reason, delay)
-            self.api_due = mono + delay
-        if self.api_due is not None and time.monotonic() >= self.api_due and not self.stopping:
-            self.api_due = None
-            self._start_api()
+        self.keeper.start_if_due(self.stopping)
 
     # ---- state and stop ----------------------------------------------------------------
 
