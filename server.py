@@ -42,7 +42,7 @@ from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.server import Event, SocketServer
 from ipc.status import RankStatus
-from launcher.command import blas_in_use
+from launcher import cpu_layer
 
 EXIT_BAD_MODEL = 2
 EXIT_DIVERGED = 4
@@ -151,8 +151,8 @@ def main(settings: Settings) -> int:
         die(EXIT_PEER_GONE, str(exc))
     except ModelLoadError as exc:
         die(EXIT_BAD_MODEL, f"cannot load the model: {exc}")
-    if cpu_attention.on_cpu_backend():
-        log.info("matrix products: %s", blas_in_use() or "MLX's own BLAS (no OpenBLAS here)")
+    if cpu_layer.applies():  # Linux x86_64, MLX on its CPU device: the CPU layer's gate
+        log.info("matrix products: %s", cpu_layer.in_use() or "MLX's own BLAS (no OpenBLAS here)")
         swapped = transpose_linears(model, settings.linear_layout)
         log.info(
             "linear layers: %d stored [in, out] (LINEAR_LAYOUT=%s)", swapped, settings.linear_layout

@@ -113,16 +113,17 @@ def check_mlx_dir(path: Path, model: str) -> Path:
 def import_variant(setting: str) -> tuple[str, str]:
     """IMPORT_DTYPE -> (dtype, float dtype) for acquisition.gguf_import.import_gguf.
 
-    auto keeps the GGUF quantization where Metal runs it fast and dequantizes to float32
-    elsewhere; quantized weights carry float16 scales on Metal and float32 on the CPU.
+    auto keeps the GGUF quantization where a GPU (Metal or CUDA) runs it fast and
+    dequantizes to float32 on the CPU (MLX's quantized matmul there does not use the BLAS);
+    quantized weights carry float16 scales on a GPU and float32 on the CPU.
     """
     import mlx.core as mx
 
-    metal = mx.metal.is_available()
+    gpu = mx.metal.is_available() or mx.cuda.is_available()
     if setting == "auto":
-        return ("quantized", "float16") if metal else ("float32", "float32")
+        return ("quantized", "float16") if gpu else ("float32", "float32")
     if setting == "quantized":
-        return "quantized", "float16" if metal else "float32"
+        return "quantized", "float16" if gpu else "float32"
     return setting, setting
 
 

@@ -59,7 +59,7 @@ from bench.servers import (
     log,
     wait_quiet,
 )
-from launcher.command import OPENBLAS, blas_preload
+from launcher.cpu_layer import OPENBLAS, preload
 
 # ---- workloads --------------------------------------------------------------------------
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "IMPORT_DTYPE": args.import_dtype,
         "MODEL_CACHE_DIR": str(args.cache_dir),
     }
-    env |= blas_preload(env, few_rows=False)  # ours adds it in each rank; the peers, below
+    env |= preload(env, few_rows=False)  # ours adds it in each rank; the peers, below
     if args.openblas_threads:
         env["OPENBLAS_NUM_THREADS"] = args.openblas_threads
     model_dir = resolve_model_dir(env)

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 
 from bench.loadgen import Endpoint
-from launcher.command import ROOT, VENV_BIN, Job, blas_preload, blas_threads
+from launcher import cpu_layer
+from launcher.command import ROOT, VENV_BIN, Job
 from launcher.hostfile import random_free_port_run
 
 PY = VENV_BIN / "python"
@@ -219,7 +220,7 @@ class Peer:
         self.port = free_port()
         # the BLAS and threads per rank that launch.sh gives our local ranks (a fair field);
         # our sgemm for a few rows (native/sgemm_rows.c) only where asked
-        self.env = env | blas_preload(env, few_rows) | blas_threads(ranks, env)
+        self.env = env | cpu_layer.preload(env, few_rows) | cpu_layer.threads(ranks, env)
         self.model_dir = model_dir
         variant = ("-quiet" if self.quiet else "") + ("-rows" if few_rows else "")
         self.log_path = workdir / f"peer-{ranks}{variant}-{model_dir.name}.log"

@@ -139,6 +139,8 @@ class Settings(BaseSettings):
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
     linear_layout: LinearLayout = "plain"
+    # off: no native kernel (native/sgemm_rows.c) in any rank's preload (launcher/cpu_layer.py)
+    native_kernels: Literal["auto", "off"] = "auto"
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 

@@ -21,8 +21,10 @@ against [out, in] itself, 74 against 102 ms a batch-8 step transposed at one ran
 
 `transpose_linears(model, layout)` swaps the head (an lm_head nn.Linear, or the
 nn.Embedding of a model that ties its head to it) and, for `transposed`, every other plain
-nn.Linear for the transposed form, after sharding, on the CPU backend only: Metal and
-CUDA have their own matrix-vector kernels for the usual layout. Quantized layers keep
+nn.Linear for the transposed form, after sharding; server.py calls it where the Linux CPU
+layer's gate (launcher/cpu_layer.applies: MLX on its CPU device, Linux x86_64) says so, as
+these measurements are OpenBLAS's. Metal and CUDA have their own matrix-vector kernels
+for the usual layout. Quantized layers keep
 theirs. `weight` stays readable, as a transposed view.
 """
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from ipc.client import ClientError, RankClient, get_status, wait_ready
 from ipc.protocol import Shutdown
 from ipc.status import Status
+from launcher import cpu_layer
 from launcher.command import ROOT as PROJECT_DIR
-from launcher.command import Job, blas_preload, blas_threads
+from launcher.command import Job
 from launcher.hostfile import random_free_port_run
 
 
@@ -70,7 +71,7 @@ class Cluster:
             ENV_FILE=str(self.workdir / "no.env"),  # ignore the project's .env
             PYTHONUNBUFFERED="1",
         )
-        env.update(blas_preload(env) | blas_threads(self.ranks, env))
+        env.update(cpu_layer.preload(env) | cpu_layer.threads(self.ranks, env))
         env.update(self.extra_env)
         return env
 

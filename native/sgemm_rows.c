@@ -18,12 +18,16 @@ few-row products (a weight stored [in, out]: the output head) make one OpenBLAS 
 row up to SGEMV_ROWS rows, and everything else goes on to OpenBLAS. Results differ from
 sgemm's by summation order only.
 
-Threads: as many as OpenBLAS's own (OPENBLAS_NUM_THREADS, which launcher/command.py sets
+Threads: as many as OpenBLAS's own (OPENBLAS_NUM_THREADS, which launcher/cpu_layer.py sets
 per rank), the caller and helpers that spin for 200 us after a product (the next one of a
 step comes sooner) and then sleep on a futex; they share a product's columns by chunks.
 
-Built with -march=native on each host by launcher/blas_shim.py and preloaded before
-OpenBLAS by launcher/command.py.
+Built with -march=native on each host and preloaded before OpenBLAS by
+launcher/cpu_layer.py, on Linux x86_64 hosts where MLX computes on its CPU device (unless
+NATIVE_KERNELS=off). The products it does not take over go to the cblas_sgemm that follows
+it in the process (OpenBLAS), found when the library loads, or at the first such product
+where that library was loaded later; where there is none, that product stops the process
+with a message that says so (it could not be computed).
 */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -31,6 +35,7 @@ OpenBLAS by launcher/command.py.
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,7 +48,7 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
 typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int,
                          float, float *, int);
 
-static sgemm_fn next_sgemm;
+static _Atomic(sgemm_fn) next_sgemm;
 static sgemv_fn next_sgemv;
 static int threads = 1;
 /* products this library computed itself: the tests read it to see it at work */
@@ -227,12 +232,30 @@ static void rows_product(int m, int n, int k, float alpha, const float *a, int l
 /* ---- the entry point MLX calls ------------------------------------------------------- */
 
 __attribute__((constructor)) static void find_next(void) {
-  next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+  atomic_store(&next_sgemm, (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm"));
   next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
   int (*openblas_threads)(void) = (int (*)(void))dlsym(RTLD_NEXT, "openblas_get_num_threads");
   threads = openblas_threads ? openblas_threads() : 1;
   threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
   pthread_atfork(0, 0, forget_helpers);
+}
+
+/* the cblas_sgemm after this library: found at load, else now; none stops the process */
+static sgemm_fn sgemm_after(void) {
+  sgemm_fn next = atomic_load(&next_sgemm);
+  if (next != 0) return next;
+  next = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+  if (next == 0) {
+    static const char message[] =
+        "native/sgemm_rows.c: no cblas_sgemm after this library in the process, so this "
+        "product cannot be computed; preload OpenBLAS after it (launcher/cpu_layer.py does) "
+        "or set NATIVE_KERNELS=off\n";
+    ssize_t written = write(2, message, sizeof message - 1);
+    (void)written;
+    abort();
+  }
+  atomic_store(&next_sgemm, next);
+  return next;
 }
 
 /* y = alpha * x op(B) + beta * y for one row x (stride incx), op(B) being k x n */
@@ -252,19 +275,19 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
     return;
   }
   int a_plain = trans_a == NO_TRANS;
-  if (order != ROW_MAJOR || next_sgemv == 0 || k <= 0 || n <= 0 || m <= 0 || m > ROWS) {
-    next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (order != ROW_MAJOR || k <= 0 || n <= 0 || m <= 0 || m > ROWS) {
+    sgemm_after()(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   if (a_plain && trans_b != NO_TRANS) {
     rows_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else if (m <= SGEMV_ROWS) { /* a row of op(A): contiguous when A is plain */
+  } else if (m <= SGEMV_ROWS && next_sgemv != 0) { /* a row of op(A): contiguous when plain */
     for (int i = 0; i < m; i++) {
       const float *x = a_plain ? a + (long)i * lda : a + i;
       sgemv_row(trans_b, n, k, alpha, x, a_plain ? 1 : lda, b, ldb, beta, c + (long)i * ldc);
     }
   } else {
-    next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    sgemm_after()(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   __atomic_fetch_add(&mlx_ring_sgemm_rows_calls, 1, __ATOMIC_RELAXED);

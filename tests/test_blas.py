@@ -1,5 +1,7 @@
-"""This host's OpenBLAS: the kernels named for a CPU the library does not know, and the
-line each rank logs about them. Each check asks the real library in a fresh process."""
+"""The Linux CPU layer (launcher/cpu_layer.py): its gate, this host's OpenBLAS (the kernels
+named for a CPU the library does not know, and the line each rank logs about them),
+native/sgemm_rows.c in front of it, and NATIVE_KERNELS. Each check asks the real library
+in a fresh process."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import OPENBLAS, ROOT, cpu_flags
+from launcher.command import ROOT
+from launcher.cpu_layer import OPENBLAS, cpu_flags
 
 pytestmark = pytest.mark.skipif(not OPENBLAS.exists(), reason="no Debian OpenBLAS here")
 
@@ -19,11 +22,11 @@ AVX512 = "fpu sse sse2 avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl"
 PROBE = """
 import ctypes, json, sys
 from pathlib import Path
-from launcher.command import OPENBLAS, blas_kernels
+from launcher.cpu_layer import OPENBLAS, kernels
 name = ctypes.CDLL(str(OPENBLAS)).openblas_get_corename
 name.restype = ctypes.c_char_p
 environ = json.loads(sys.argv[2])
-print(json.dumps([name().decode(), blas_kernels(environ, Path(sys.argv[1]))]))
+print(json.dumps([name().decode(), kernels(environ, Path(sys.argv[1]))]))
 """
 
 
@@ -52,9 +55,9 @@ def test_an_operators_choice_is_kept(tmp_path):
 
 def test_the_kernels_reach_the_ranks_and_their_log_line(tmp_path):
     """scripts/rank.sh execs each rank through `launcher.command exec`; server.py logs
-    blas_in_use() once the model is loaded."""
+    cpu_layer.in_use() once the model is loaded."""
     library_core, kernels = _probe(tmp_path, " ".join(sorted(cpu_flags())))
-    probe = "from launcher.command import blas_in_use; print(blas_in_use())"
+    probe = "from launcher.cpu_layer import in_use; print(in_use())"
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "LD_PRELOAD")}
     args = [sys.executable, "-m", "launcher.command", "exec", "-c", probe]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -68,7 +71,7 @@ def test_the_kernels_reach_the_ranks_and_their_log_line(tmp_path):
 ROWS_PROBE = """
 import ctypes, json, sys
 import numpy as np
-from launcher.blas_shim import calls_in_this_process
+from launcher.cpu_layer import calls_in_this_process
 sgemm = ctypes.CDLL(None).cblas_sgemm
 sgemm.restype = None
 P, F = ctypes.c_void_p, ctypes.c_float
@@ -138,21 +141,19 @@ def test_few_row_products_equal_openblas_and_mlx_uses_them():
 
 
 def test_the_peer_gets_openblas_alone_and_ours_the_few_row_library_first():
-    from launcher.command import blas_preload
+    from launcher.cpu_layer import preload
 
-    ours = blas_preload({"LD_PRELOAD": str(OPENBLAS)})["LD_PRELOAD"].split(":")
+    ours = preload({"LD_PRELOAD": str(OPENBLAS)})["LD_PRELOAD"].split(":")
     assert len(ours) == 2 and Path(ours[0]).name.startswith("sgemm_rows-"), ours
     assert ours[1] == str(OPENBLAS)
-    assert blas_preload({"LD_PRELOAD": ":".join(ours)}, few_rows=False)["LD_PRELOAD"] == str(
-        OPENBLAS
-    )
-    assert "LD_PRELOAD" not in blas_preload({"LD_PRELOAD": ":".join(ours)})  # already so
+    assert preload({"LD_PRELOAD": ":".join(ours)}, few_rows=False)["LD_PRELOAD"] == str(OPENBLAS)
+    assert "LD_PRELOAD" not in preload({"LD_PRELOAD": ":".join(ours)})  # already so
 
 
 def test_a_build_is_named_for_its_cpu_and_replaces_that_cpus_older_builds(tmp_path):
     """`-march=native` code is kept per kind of CPU (hosts sharing a checkout keep one
     each); a changed source's build removes this CPU's older ones and the unkeyed names."""
-    from launcher.blas_shim import SOURCE, build, cpu_key, library_path
+    from launcher.cpu_layer import SOURCE, build, cpu_key, library_path
 
     source, build_dir = tmp_path / "sgemm_rows.c", tmp_path / "lib"
     source.write_text(SOURCE.read_text())
@@ -169,3 +170,100 @@ def test_a_build_is_named_for_its_cpu_and_replaces_that_cpus_older_builds(tmp_pa
     assert second is not None and second != first
     assert sorted(p.name for p in build_dir.iterdir()) == sorted([second.name, other_cpu.name])
     assert build(source, build_dir) == second  # built once
+
+
+# ---- the gate and the switch ------------------------------------------------------------
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    drop = ("OPENBLAS_CORETYPE", "LD_PRELOAD", "NATIVE_KERNELS")
+    return {k: v for k, v in os.environ.items() if k not in drop} | extra
+
+
+def _blas_env(env: dict[str, str]) -> dict[str, str]:
+    args = [sys.executable, "-m", "launcher.command", "blas-env"]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = [line.removeprefix("export ").split("=", 1) for line in done.stdout.splitlines()]
+    return {key: value.strip("'") for key, value in lines}
+
+
+def test_native_kernels_off_keeps_the_library_out_of_every_preload(tmp_path):
+    """blas-env, the exec path every rank takes (also with the library inherited in its
+    LD_PRELOAD) and the tests' clusters' preload: OpenBLAS, and no sgemm_rows."""
+    from launcher.cpu_layer import build, preload
+
+    exported = _blas_env(_clean_env(NATIVE_KERNELS="off", ENV_FILE=str(tmp_path / "none")))
+    assert exported["NATIVE_KERNELS"] == "off"
+    assert exported["LD_PRELOAD"] == str(OPENBLAS), exported
+    inherited = f"{build()}:{OPENBLAS}"
+    assert preload({"NATIVE_KERNELS": "off", "LD_PRELOAD": inherited}) == {
+        "LD_PRELOAD": str(OPENBLAS)
+    }
+    probe = "import os; from launcher.cpu_layer import in_use; print(os.environ['LD_PRELOAD'])"
+    probe += "; print(in_use())"
+    env = _clean_env(NATIVE_KERNELS="off", LD_PRELOAD=inherited)
+    args = [sys.executable, "-m", "launcher.command", "exec", "-c", probe]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    preloaded, line = done.stdout.splitlines()
+    assert preloaded == str(OPENBLAS)
+    assert line.endswith("few-row products: OpenBLAS (NATIVE_KERNELS=off)"), line
+    # and auto (the default, from .env too) puts it first
+    exported = _blas_env(_clean_env(ENV_FILE=str(tmp_path / "none")))
+    assert exported["NATIVE_KERNELS"] == "auto"
+    assert Path(exported["LD_PRELOAD"].split(":")[0]).name.startswith("sgemm_rows-"), exported
+
+
+def test_a_bad_native_kernels_value_stops_the_rank_with_the_values_allowed():
+    env = _clean_env(NATIVE_KERNELS="no")
+    args = [sys.executable, "-m", "launcher.command", "exec", "-c", "print('ran')"]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "ran" not in done.stdout
+    assert "invalid setting NATIVE_KERNELS='no': one of 'auto', 'off'" in done.stderr
+
+
+def test_the_gate_asks_mlx_for_its_device_not_for_files(tmp_path):
+    """A Linux host whose MLX computes on a GPU (CUDA) has OpenBLAS's file too: the gate
+    says no, and an inherited sgemm_rows leaves the preload. The stand-in `mlx` package
+    answers what mlx-cuda's would: its default device is the GPU."""
+    fake = tmp_path / "mlx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "core.py").write_text("cpu, gpu = 'cpu', 'gpu'\ndef default_device():\n  return gpu\n")
+    from launcher.cpu_layer import build
+
+    env = _clean_env(PYTHONPATH=str(tmp_path), LD_PRELOAD=f"{build()}:/lib/other.so")
+    probe = "from launcher import cpu_layer; print(cpu_layer.applies(), cpu_layer.preload())"
+    args = [sys.executable, "-c", probe]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False {'LD_PRELOAD': '/lib/other.so'}", done.stdout
+    exported = _blas_env(env | {"ENV_FILE": str(tmp_path / "none")})
+    assert exported == {"NATIVE_KERNELS": "auto", "LD_PRELOAD": "/lib/other.so"}, exported
+
+
+MISSING_PROBE = """
+import ctypes, os, sys
+if sys.argv[1] == "later":  # OpenBLAS loaded after the library: found at the first product
+    ctypes.CDLL(sys.argv[2], mode=os.RTLD_GLOBAL)
+sgemm = ctypes.CDLL(None).cblas_sgemm
+sgemm.restype = None
+F, m, n, k = ctypes.c_float, 32, 8, 4  # 32 rows: more than the library takes over
+a, b, c = (F * 128)(*[1.0] * 128), (F * 32)(*[1.0] * 32), (F * 256)()
+sgemm(101, 111, 112, m, n, k, F(1.0), a, k, b, k, F(0.0), c, n)
+print(c[0], c[255])
+"""
+
+
+def test_products_it_passes_on_find_openblas_late_or_stop_with_the_reason():
+    """The library alone in the preload: a product it does not compute itself finds the
+    cblas_sgemm of a library loaded after it, or, where there is none, stops the process
+    with a message (it had called a null pointer)."""
+    from launcher.cpu_layer import build
+
+    env = _clean_env(LD_PRELOAD=str(build()))
+    run = [sys.executable, "-c", MISSING_PROBE]
+    later = subprocess.run([*run, "later", str(OPENBLAS)], env=env, capture_output=True, text=True)
+    assert later.returncode == 0 and later.stdout.split() == ["4.0", "4.0"], later.stderr
+    alone = subprocess.run([*run, "alone"], env=env, capture_output=True, text=True)
+    assert alone.returncode == -6, (alone.returncode, alone.stderr)  # SIGABRT
+    assert "no cblas_sgemm after this library" in alone.stderr, alone.stderr

@@ -319,3 +319,20 @@ def test_served_names_are_readable_and_the_old_ids_stay_aliases(tmp_path, defaul
     assert model_source.served_names(hub, tmp_path / "snap")[0] == "mlx-community/Qwen3-8B-4bit"
     named = Settings(_env_file=None, model=str(local), served_model_name="team-model")
     assert model_source.served_names(named, local) == ("team-model", [str(local), "my-model"])
+
+
+@pytest.mark.parametrize(("metal", "cuda"), [(False, False), (True, False), (False, True)])
+def test_import_dtype_auto_keeps_the_quantization_on_any_gpu(monkeypatch, metal, cuda):
+    """IMPORT_DTYPE=auto: a GPU (Metal or CUDA; the devices stand in) keeps the GGUF's
+    quantization with float16 scales; MLX's CPU device gets float32."""
+    monkeypatch.setattr(mx.metal, "is_available", lambda: metal)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: cuda)
+    gpu = metal or cuda
+    assert model_source.import_variant("auto") == (
+        ("quantized", "float16") if gpu else ("float32", "float32")
+    )
+    assert model_source.import_variant("quantized") == (
+        "quantized",
+        "float16" if gpu else "float32",
+    )
+    assert model_source.import_variant("bfloat16") == ("bfloat16", "bfloat16")

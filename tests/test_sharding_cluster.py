@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from launcher.command import ROOT as PROJECT_DIR
-from launcher.command import cpu_flags
+from launcher.cpu_layer import cpu_flags
 from tests.support.probe_runner import Case, run_probe
 from tests.support.tiny_models import write_tiny_model
 

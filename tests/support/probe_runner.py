@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher import cpu_layer
 from launcher.command import ROOT as PROJECT_DIR
-from launcher.command import VENV_BIN, Job, blas_preload, blas_threads
+from launcher.command import VENV_BIN, Job
 from launcher.hostfile import random_free_port_run
 
 PROBE = PROJECT_DIR / "tests" / "support" / "logits_probe.py"
@@ -51,7 +52,7 @@ class Case:
 
 def _environment(ranks: int) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return env | blas_preload(env) | blas_threads(ranks, env)
+    return env | cpu_layer.preload(env) | cpu_layer.threads(ranks, env)
 
 
 def run_probe(spec: dict, out: Path, ranks: int, timeout: float) -> None:
