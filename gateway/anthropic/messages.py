@@ -12,10 +12,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from gateway import sse
+from gateway.anthropic.convert import count_submit, message_submit
 from gateway.anthropic.errors import error_event
 from gateway.anthropic.protocol import (
     AnthropicUsage,
@@ -25,11 +26,10 @@ from gateway.anthropic.protocol import (
     StopReason,
     TokenCount,
 )
-from gateway.auth import require_api_key
 from gateway.core import Generation, Limits, served_model
 from ipc.protocol import Delta, Done, ToolCall, Usage
 
-router = APIRouter(tags=["anthropic"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["anthropic"])  # API_KEY: gateway/auth.ApiKeyGate
 
 
 def anthropic_model(request: Request, requested: str | None) -> str:
@@ -73,7 +73,7 @@ def call_input(call: ToolCall) -> dict[str, Any]:
 async def messages(body: MessagesRequest, request: Request) -> MessageResponse | StreamingResponse:
     """Generate the assistant's next message (Anthropic's Messages API)."""
     model = anthropic_model(request, body.model)
-    submit = body.to_submit(f"msg_{uuid.uuid4().hex[:24]}", Limits.of(request.app.state))
+    submit = message_submit(body, f"msg_{uuid.uuid4().hex[:24]}", Limits.of(request.app.state))
     generation = Generation(request, submit, "messages")
     started = await generation.start()
     if body.stream:
@@ -100,7 +100,7 @@ async def messages(body: MessagesRequest, request: Request) -> MessageResponse |
 async def count_tokens(body: CountTokensRequest, request: Request) -> TokenCount:
     """The prompt's token count, exactly as /v1/messages would render it (tools included)."""
     anthropic_model(request, body.model)
-    submit = body.to_submit(f"count_{uuid.uuid4().hex[:24]}")
+    submit = count_submit(body, f"count_{uuid.uuid4().hex[:24]}")
     generation = Generation(request, submit, "messages")
     started = await generation.start()
     await generation.collect()

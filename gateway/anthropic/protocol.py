@@ -1,5 +1,7 @@
 """Anthropic Messages wire formats: request bodies (content blocks, tools, tool_choice,
-thinking, output_config) and their translation into what rank 0 takes; the response.
+thinking, output_config) and the response. What rank 0 takes is made from these by
+gateway/anthropic/convert.py; tool_choice is mapped here too, to be checked against the
+tools while the body is parsed.
 
 Unknown fields are ignored (clients send many: metadata, cache_control, service_tier...).
 Content the server cannot run (images, documents, server tools) is refused by name.
@@ -7,7 +9,6 @@ Content the server cannot run (images, documents, server tools) is refused by na
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,16 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.core import Limits, check_tool_choice
-from ipc.protocol import (
-    ChatMessage,
-    OutputFormat,
-    SamplingParams,
-    Submit,
-    ToolCall,
-    ToolChoice,
-    ToolSpec,
-)
+from gateway.core import check_tool_choice
+from ipc.protocol import ToolChoice
 
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
@@ -121,11 +114,6 @@ class Tool(_Lenient):
             )
         return self
 
-    def to_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name=self.name, description=self.description or "", parameters=self.input_schema or {}
-        )
-
 
 class ToolChoiceParam(_Lenient):
     type: Literal["auto", "any", "tool", "none"]
@@ -152,7 +140,7 @@ class OutputConfig(_Lenient):
     format: JsonSchemaOutput | None = None
 
 
-class _Conversation(_Lenient):
+class Conversation(_Lenient):
     """What /v1/messages and /v1/messages/count_tokens share: the prompt."""
 
     model: str | None = Field(default=None, min_length=1, max_length=512)
@@ -173,70 +161,8 @@ class _Conversation(_Lenient):
             check_tool_choice(value.to_choice(), names)
         return value
 
-    def chat_messages(self) -> list[ChatMessage]:
-        """The conversation as rank 0's messages: the system prompt first; tool results
-        become tool turns, tool_use blocks the assistant's calls, thinking its reasoning."""
-        out: list[ChatMessage] = []
-        if self.system:
-            text = self.system if isinstance(self.system, str) else _join(self.system)
-            out.append(ChatMessage(role="system", content=text))
-        for message in self.messages:
-            out += _convert(message)
-        return out
 
-    def submit_fields(self) -> dict[str, Any]:
-        choice = self.tool_choice.to_choice() if self.tool_choice else ToolChoice()
-        output = None
-        if self.output_config and self.output_config.format:
-            schema = self.output_config.format.schema_
-            output = OutputFormat(
-                type="json_schema", json_schema=schema, param="output_config.format.schema"
-            )
-        thinking = None
-        if self.thinking is not None:
-            thinking = self.thinking.type != "disabled"
-        parallel = not (self.tool_choice and self.tool_choice.disable_parallel_tool_use)
-        return {
-            "messages": self.chat_messages(),
-            "tools": [tool.to_spec() for tool in self.tools or []],
-            "tool_choice": choice,
-            "parallel_tool_calls": parallel,
-            "output": output,
-            "enable_thinking": thinking,
-            "continue_final_message": self.messages[-1].role == "assistant",  # a prefill
-        }
-
-
-def _join(blocks: list[SystemText] | list[TextBlock]) -> str:
-    return "\n".join(block.text for block in blocks)
-
-
-def _convert(message: MessageParam) -> list[ChatMessage]:
-    if isinstance(message.content, str):
-        return [ChatMessage(role=message.role, content=message.content)]
-    texts = [b.text for b in message.content if isinstance(b, TextBlock)]
-    if message.role == "assistant":
-        calls = [
-            ToolCall(id=b.id, name=b.name, arguments=json.dumps(b.input, ensure_ascii=False))
-            for b in message.content
-            if isinstance(b, ToolUseBlock)
-        ]
-        thoughts = [b.thinking for b in message.content if isinstance(b, ThinkingBlock)]
-        reasoning = "\n".join(thoughts) or None
-        turn = ChatMessage(role="assistant", content="".join(texts), reasoning=reasoning)
-        turn.tool_calls = calls
-        return [turn]
-    out = [
-        ChatMessage(role="tool", content=b.text(), tool_call_id=b.tool_use_id)
-        for b in message.content
-        if isinstance(b, ToolResultBlock)
-    ]
-    if texts or not out:
-        out.append(ChatMessage(role=message.role, content="\n".join(texts)))
-    return out
-
-
-class MessagesRequest(_Conversation):
+class MessagesRequest(Conversation):
     """POST /v1/messages."""
 
     max_tokens: int = Field(ge=1)
@@ -253,23 +179,9 @@ class MessagesRequest(_Conversation):
             raise ValueError("stop sequences must not be empty strings")
         return value
 
-    def to_submit(self, request_id: str, limits: Limits) -> Submit:
-        params = SamplingParams(
-            max_tokens=limits.max_tokens(self.max_tokens),
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            stop=self.stop_sequences or [],
-        )
-        return Submit(id=request_id, params=params, **self.submit_fields())
 
-
-class CountTokensRequest(_Conversation):
+class CountTokensRequest(Conversation):
     """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted."""
-
-    def to_submit(self, request_id: str) -> Submit:
-        params = SamplingParams(max_tokens=1)
-        return Submit(id=request_id, params=params, count_only=True, **self.submit_fields())
 
 
 # ---- responses -----------------------------------------------------------------------

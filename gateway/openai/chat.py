@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from gateway import sse
-from gateway.auth import require_api_key
 from gateway.openai.common import ChunkStream, begin, whole_response
+from gateway.openai.convert import chat_submit, choice_finish_reason
 from gateway.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -20,13 +20,12 @@ from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChoiceLogprobs,
     ChunkDelta,
-    choice_finish_reason,
     error_responses,
 )
 from gateway.openai.tooling import ChunkToolCall, ResponseToolCall
 from ipc.protocol import Delta, Done
 
-router = APIRouter(tags=["chat"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["chat"])  # API_KEY: gateway/auth.ApiKeyGate
 
 
 @router.post(
@@ -38,7 +37,7 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> ChatCompletion | StreamingResponse:
     """Generate the assistant's next message for a conversation."""
-    generation, head = await begin(request, body, "chatcmpl", "messages")
+    generation, head = await begin(request, body, chat_submit, "chatcmpl", "messages")
     if body.stream:
         render = ChatStream(head, body.include_usage, body.logprobs)
         return generation.stream(render, render.opening())

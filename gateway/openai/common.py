@@ -5,7 +5,7 @@ the SSE chunks of a streamed one."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, TypeVar
 
 from fastapi import Request
@@ -19,21 +19,27 @@ from ipc.protocol import Delta, Done, Submit
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
 
 
-class Submittable(Protocol):
+class NamesModel(Protocol):
     model: str | None
 
-    def to_submit(self, request_id: str, limits: Limits) -> Submit: ...
+
+BodyT = TypeVar("BodyT", bound=NamesModel)
 
 
 async def begin(
-    request: Request, body: Submittable, id_prefix: str, prompt_param: str
+    request: Request,
+    body: BodyT,
+    to_submit: Callable[[BodyT, str, Limits], Submit],
+    id_prefix: str,
+    prompt_param: str,
 ) -> tuple[Generation, ResponseHead]:
-    """Check the model, submit the request and wait until rank 0 accepted it (first, while
-    the supervisor restarts the ranks, up to RESTART_WAIT_SECONDS for them)."""
+    """Check the model, submit the request (`to_submit`: gateway/openai/convert.py) and wait
+    until rank 0 accepted it (first, while the supervisor restarts the ranks, up to
+    RESTART_WAIT_SECONDS for them)."""
     state = request.app.state
     await state.rank_client.wait_for_restart(state.settings.restart_wait_seconds)
     model_id = served_model(state.rank_client, body.model)
-    submit = body.to_submit(new_request_id(id_prefix), Limits.of(state))
+    submit = to_submit(body, new_request_id(id_prefix), Limits.of(state))
     generation = Generation(request, submit, prompt_param)
     await generation.start()
     head = ResponseHead(

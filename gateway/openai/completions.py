@@ -3,23 +3,22 @@ streamed (SSE) or whole."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from gateway.auth import require_api_key
 from gateway.openai.common import ChunkStream, begin, whole_response
+from gateway.openai.convert import choice_finish_reason, completion_submit
 from gateway.openai.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     ResponseHead,
     TextChoice,
     TextCompletion,
-    choice_finish_reason,
     error_responses,
 )
 from ipc.protocol import Delta, Done, TokenLogprob
 
-router = APIRouter(tags=["completions"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["completions"])  # API_KEY: gateway/auth.ApiKeyGate
 
 
 def text_logprobs(items: list[TokenLogprob], offset: int) -> CompletionLogprobs:
@@ -43,7 +42,7 @@ async def completions(
     body: CompletionRequest, request: Request
 ) -> TextCompletion | StreamingResponse:
     """Continue a text prompt."""
-    generation, head = await begin(request, body, "cmpl", "prompt")
+    generation, head = await begin(request, body, completion_submit, "cmpl", "prompt")
     want_logprobs = body.logprobs is not None
     if body.stream:
         return generation.stream(TextStream(head, body.include_usage, want_logprobs))

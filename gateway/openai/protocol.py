@@ -1,7 +1,7 @@
 """OpenAI wire formats: request bodies, responses, streaming chunks, model lists, errors.
 
-Request types convert themselves into what rank 0 takes (`to_submit`); usage and logprobs
-are rank 0's own types (ipc.protocol), and Performance wraps its Timings.
+Only the wire: what rank 0 takes is made from these by gateway/openai/convert.py. Usage and
+logprobs are rank 0's own types (ipc.protocol), and Performance wraps its Timings.
 """
 
 from __future__ import annotations
@@ -16,22 +16,13 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.core import Limits
 from gateway.openai.tooling import (
     AgentFields,
     ChunkToolCall,
     RequestToolCall,
     ResponseToolCall,
 )
-from ipc.protocol import (
-    ChatMessage,
-    Done,
-    SamplingParams,
-    Submit,
-    Timings,
-    TokenLogprob,
-    Usage,
-)
+from ipc.protocol import Timings, TokenLogprob, Usage
 
 _INT64 = 2**63
 
@@ -72,17 +63,6 @@ class RequestMessage(BaseModel):
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         return self
-
-    def to_message(self) -> ChatMessage:
-        role = "system" if self.role == "developer" else self.role
-        return ChatMessage(
-            role=role,
-            content=self.text(),
-            reasoning=self.reasoning_content or self.reasoning,
-            tool_calls=[call.to_call() for call in self.tool_calls or []],
-            tool_call_id=self.tool_call_id,
-            name=self.name if self.role == "tool" else None,
-        )
 
     def text(self) -> str:
         """The message content as one string (text parts joined by newlines)."""
@@ -148,25 +128,6 @@ class _Sampling(_Request):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    def sampling_params(self, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
-        """Rank 0's parameters; `top_logprobs` None means no logprobs. Sampling values left
-        unset stay None: rank 0 fills in the served model's defaults."""
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            # The ranks seed numpy, which takes non-negative ints: map int64 one-to-one.
-            seed=None if self.seed is None else self.seed % 2**64,
-            stop=self.stop_list(),
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=self.repetition_penalty or 1.0,
-            logprobs=top_logprobs is not None,
-            top_logprobs=top_logprobs or 0,
-        )
-
 
 class ChatCompletionRequest(_Sampling, AgentFields):
     """POST /v1/chat/completions."""
@@ -181,17 +142,6 @@ class ChatCompletionRequest(_Sampling, AgentFields):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
-
-    def to_submit(self, request_id: str, limits: Limits) -> Submit:
-        max_tokens = limits.max_tokens(self.max_completion_tokens or self.max_tokens)
-        top = (self.top_logprobs or 0) if self.logprobs else None
-        params = self.sampling_params(max_tokens, top)
-        return Submit(
-            id=request_id,
-            messages=[m.to_message() for m in self.messages],
-            params=params,
-            **self.agent_fields(),
-        )
 
 
 class CompletionRequest(_Sampling):
@@ -220,10 +170,6 @@ class CompletionRequest(_Sampling):
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    def to_submit(self, request_id: str, limits: Limits) -> Submit:
-        params = self.sampling_params(limits.max_tokens(self.max_tokens), self.logprobs)
-        return Submit(id=request_id, prompt=self.prompt_text(), params=params)
 
 
 # ---- responses -----------------------------------------------------------------------
@@ -261,13 +207,6 @@ class CompletionLogprobs(BaseModel):
 
 # What a choice reports: rank 0's reasons, less "cancelled" (a cancelled request gets an error).
 ChoiceFinishReason = Literal["stop", "length", "tool_calls"]
-
-
-def choice_finish_reason(done: Done) -> ChoiceFinishReason:
-    """Rank 0's reason as a choice shows it (core.Generation turns "cancelled" into an error)."""
-    if done.finish_reason == "cancelled":
-        raise ValueError("a cancelled request has no choice")
-    return done.finish_reason
 
 
 class AssistantMessage(BaseModel):
