@@ -14,6 +14,7 @@ from config.settings import Settings
 from gateway import dashboard
 from gateway.anthropic import errors as anthropic_errors
 from gateway.anthropic import messages
+from gateway.auth import ApiKeyGate
 from gateway.errors import install_error_handlers
 from gateway.middleware import AccessLog, BodyLimit
 from gateway.openai import chat, completions, models
@@ -59,5 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     dashboard.mount_static(app)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    # outside BodyLimit: no key, no body read (the last added runs first)
+    app.add_middleware(ApiKeyGate, api_key=settings.api_key)
     app.add_middleware(AccessLog, metrics=app.state.metrics)
     return app

@@ -150,8 +150,9 @@ def test_anthropic_routes_answer_in_their_shape(api):
     assert_anthropic_error(count, 503, "overloaded_error")
 
 
-def test_service_info_lists_the_endpoints_without_a_key(api):
-    info = httpx.get(f"{api.base_url}/").json()
+def test_service_info_lists_the_endpoints_with_the_key(api):
+    assert httpx.get(f"{api.base_url}/").status_code == 401  # API_KEY's rule: gateway/auth.py
+    info = httpx.get(f"{api.base_url}/", headers={"x-api-key": KEY}).json()
     assert info["service"] == "MLX ring inference" and info["model"] is None
     assert info["ready"] is False and info["state"] == "down"
     listed = {(e["method"], e["path"]) for e in info["endpoints"]}

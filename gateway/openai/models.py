@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from gateway.auth import require_api_key
 from gateway.core import served_model
 from gateway.openai.protocol import ModelCard, ModelList, error_responses
 
-router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["models"])  # API_KEY: gateway/auth.ApiKeyGate
 
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503))

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from gateway.auth import require_api_key
 from gateway.errors import unavailable
 from gateway.model_facts import model_facts
 from gateway.openai.protocol import error_responses
 
-router = APIRouter(tags=["cluster"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["cluster"])  # API_KEY: gateway/auth.ApiKeyGate
 
 
 @router.get("/model/info", responses=error_responses(401, 503))

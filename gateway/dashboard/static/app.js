@@ -1,10 +1,22 @@
 // The dashboard: polls /dashboard/state (built by api.py from cached state: the ranks are
 // never woken by it), draws it, and streams chat answers from the OpenAI-compatible API.
+// With API_KEY set both need the key (gateway/auth.py): the page asks for it once.
 "use strict";
 
 const POLL_MS = 2000;
 const WINDOW_S = 600;
 let apiKey = null; // asked once if the API wants one; kept in this page only
+let keyDeclined = false; // the prompt was cancelled: the state poll does not ask again
+
+function askKey() {
+  apiKey = window.prompt("This server needs its API key:");
+  keyDeclined = !apiKey;
+  return !keyDeclined;
+}
+
+function withKey(headers = {}) {
+  return apiKey ? { ...headers, Authorization: `Bearer ${apiKey}` } : headers;
+}
 
 const $ = (id) => document.getElementById(id);
 
@@ -191,7 +203,10 @@ function renderRecent(s) {
 
 async function refresh() {
   try {
-    const response = await fetch("/dashboard/state", { cache: "no-store" });
+    const state = () => fetch("/dashboard/state", { cache: "no-store", headers: withKey() });
+    let response = await state();
+    if (response.status === 401 && !keyDeclined && askKey()) response = await state();
+    if (!response.ok) throw new Error(`/dashboard/state: HTTP ${response.status}`);
     const s = await response.json();
     renderHeader(s); renderModel(s); renderPlan(s); renderRanks(s); renderLoading(s);
     renderSeries(s); renderCache(s); renderSupervisor(s); renderRecent(s);
@@ -218,8 +233,7 @@ function addMessage(role, text) {
 }
 
 async function send(messages) {
-  const headers = { "Content-Type": "application/json" };
-  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
+  const headers = withKey({ "Content-Type": "application/json" });
   return fetch("/v1/chat/completions", {
     method: "POST", headers,
     body: JSON.stringify({ model: "default", messages, max_tokens: 256, stream: true }),
@@ -230,10 +244,7 @@ async function chat(text) {
   history.push({ role: "user", content: text });
   addMessage("user", text);
   let response = await send(history);
-  if (response.status === 401) {
-    apiKey = window.prompt("This server needs its API key:");
-    response = await send(history);
-  }
+  if (response.status === 401 && askKey()) response = await send(history);
   const out = addMessage("assistant", "");
   document.getElementById("chat-output")?.removeAttribute("id");
   out.id = "chat-output";
