@@ -32,6 +32,7 @@ from engine import cpu_attention
 from engine.batch_engine import BatchEngine, PlanMismatchError
 from engine.compiled_decode import CompiledDecode
 from engine.constraints import GrammarTokens
+from engine.context_window import choose_context
 from engine.cpu_linear import transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
@@ -205,13 +206,17 @@ def main(settings: Settings) -> int:
         "prefix cache: %s",
         f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
     )
+    context = choose_context(
+        settings.max_sequence_length, info.config, ranks, settings.max_batch_size
+    )
+    log.info("context: %s", context.why)
     defaults = SamplingDefaults.load(info.path, settings)
     vocab_size = info.config.get("vocab_size")  # the embedding's rows
     log.info("sampling defaults: %s", defaults.describe())
     scheduler = Scheduler(
         tokenizer,
         settings.max_batch_size,
-        settings.max_sequence_length,
+        context.tokens,
         prefix,
         grammar=GrammarTokens.build(
             tokenizer, vocab_size or len(tokenizer), tokenizer.eos_token_ids

@@ -81,10 +81,16 @@ def parse_bytes(text: str) -> int | None:
     return int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
 
 
+def parse_optional_count(text: str) -> int | str | None:
+    """'' -> None (the default); anything else is left to the field's int validation."""
+    return None if not text.strip() else text.strip()
+
+
 # Variables written as text with their own syntax, and the parser of each.
 _TEXT_PARSERS: dict[str, Callable[[str], object]] = {
     "rank_weights": parse_rank_weights,
     "prefix_cache_bytes": parse_bytes,
+    "max_sequence_length": parse_optional_count,
 }
 
 
@@ -125,7 +131,8 @@ class Settings(BaseSettings):
     rank_weights: Annotated[RankWeights, NoDecode] = None
 
     # Generation
-    max_sequence_length: int = Field(default=4096, ge=16)
+    # None: the model's own context, lowered where memory says so (engine/context_window.py)
+    max_sequence_length: Annotated[int | None, NoDecode] = Field(default=None, ge=16)
     max_batch_size: int = Field(default=8, ge=1, le=256)
     default_max_tokens: int = Field(default=512, ge=1)
     # Sampling when a request sets none and the model has no generation_config.json value
@@ -171,7 +178,7 @@ class Settings(BaseSettings):
     def _split(cls, value: object) -> object:
         return split_list(value)
 
-    @field_validator("rank_weights", "prefix_cache_bytes", mode="before")
+    @field_validator("rank_weights", "prefix_cache_bytes", "max_sequence_length", mode="before")
     @classmethod
     def _parse_text(cls, value: object, info: ValidationInfo) -> object:
         return _TEXT_PARSERS[str(info.field_name)](value) if isinstance(value, str) else value
@@ -199,7 +206,8 @@ class Settings(BaseSettings):
                 f"REMOTE_DIR has {len(dirs)} paths but WORKER_HOSTS has {len(hosts)}: give "
                 "one path for every worker, or one per worker in the order of WORKER_HOSTS"
             )
-        if self.default_max_tokens >= self.max_sequence_length:
+        context = self.max_sequence_length
+        if context is not None and self.default_max_tokens >= context:
             raise ValueError(
                 f"DEFAULT_MAX_TOKENS ({self.default_max_tokens}) must be below "
                 f"MAX_SEQUENCE_LENGTH ({self.max_sequence_length})"

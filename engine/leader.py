@@ -98,7 +98,7 @@ class Booting:
             backend=self.ident.backend,
             world_size=self.ident.world_size,
             max_batch_size=self.settings.max_batch_size,
-            max_sequence_length=self.settings.max_sequence_length,
+            max_sequence_length=self.settings.max_sequence_length or 0,
             uptime_s=time.monotonic() - self.started,
             loading=[self.progress[rank] for rank in sorted(self.progress)],
         )
@@ -154,7 +154,7 @@ class Leader:
             counters=self.counters.model_copy(),
             kv_tokens=self.engine.kv_tokens,
             prefix_cache=self.scheduler.prefix.stats(),
-            max_sequence_length=self.settings.max_sequence_length,
+            max_sequence_length=self.scheduler.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
         )
 

@@ -96,20 +96,28 @@ class Scheduler:
         self._queue(conn, submit, setup)
 
     def _check_length(self, submit: Submit, prompt: list[int]) -> None:
-        if submit.count_only:
+        """Only a prompt that leaves no room for one answer token is refused; a cap larger
+        than the room left is not an error (`budget`)."""
+        if submit.count_only or len(prompt) < self.max_sequence_length:
             return
-        limit = self.max_sequence_length - submit.params.max_tokens
-        if len(prompt) > limit:
-            raise Refusal(
-                "prompt_too_long",
-                f"the prompt has {len(prompt)} tokens; with max_tokens="
-                f"{submit.params.max_tokens} it may have at most {max(limit, 0)} "
-                f"(MAX_SEQUENCE_LENGTH={self.max_sequence_length}); shorten the prompt "
-                "or lower max_tokens",
-            )
+        raise Refusal(
+            "prompt_too_long",
+            f"the prompt has {len(prompt)} tokens but the context holds "
+            f"{self.max_sequence_length} (MAX_SEQUENCE_LENGTH={self.max_sequence_length}), "
+            f"prompt and answer together; shorten the prompt to at most "
+            f"{self.max_sequence_length - 1} tokens",
+        )
+
+    def budget(self, cap: int, prompt_tokens: int) -> int:
+        """The answer's token budget: the client's cap, or the context left after the prompt
+        where that is smaller (the answer then ends with finish reason "length"). The one
+        place a cap becomes a budget, for every API."""
+        return max(1, min(cap, self.max_sequence_length - prompt_tokens))
 
     def _queue(self, conn: Any, submit: Submit, setup: SetupResult) -> None:
         params = self.defaults.resolve(submit.params)
+        budget = self.budget(params.max_tokens, len(setup.prompt))
+        params = params.model_copy(update={"max_tokens": budget})
         request = Request(
             conn=conn,
             id=submit.id,

@@ -87,31 +87,19 @@ def check_tool_choice(choice: ToolChoice, names: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """Token limits a request is checked against before it is sent."""
+    """The answer's cap a request carries to rank 0 (docs/ARCHITECTURE.md, "A cap is not a
+    demand"): the client's own, else DEFAULT_MAX_TOKENS. Rank 0 alone knows the prompt's
+    length, so it alone turns the cap into the budget (engine/scheduler.py `budget`)."""
 
-    context: int  # MAX_SEQUENCE_LENGTH as rank 0 reports it
     default_max_tokens: int
 
     @classmethod
     def of(cls, state: Any) -> Limits:
-        status = state.rank_client.status
-        context = (status.max_sequence_length if status else 0) or (
-            state.settings.max_sequence_length
-        )
-        return cls(context, state.settings.default_max_tokens)
+        return cls(state.settings.default_max_tokens)
 
     def max_tokens(self, requested: int | None) -> int:
-        """The answer's token budget; 400 when it cannot fit the context."""
-        tokens = requested or min(self.default_max_tokens, self.context - 1)
-        if tokens >= self.context:
-            raise APIError(
-                400,
-                f"max_tokens={tokens} does not fit the model's context of {self.context} "
-                f"tokens; ask for fewer than {self.context} tokens, minus the prompt.",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        return tokens
+        """The cap sent to rank 0: any size is accepted, the context bounds the answer."""
+        return requested or self.default_max_tokens
 
 
 def new_request_id(prefix: str) -> str:

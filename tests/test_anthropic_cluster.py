@@ -154,3 +154,16 @@ def test_a_final_assistant_turn_is_continued(client):
     # "...assistant\nSure" where a new turn would end "...assistant\n<think>": 4 bytes for 1
     assert counted == plain + 3
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == counted
+
+
+def test_a_cap_past_the_context_ends_with_max_tokens(client):
+    """Claude Code asks for max_tokens=128000 whatever the model: a cap, not an error. The
+    answer stops where the context (4096) ends; the 5-token script is left room for 2."""
+    counted = client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
+    padded = [{"role": "user", "content": "x" * (4096 - counted - 2) + ASK[0]["content"]}]
+    # streamed, as Claude Code does (the SDK refuses so large a cap without a stream)
+    with client.messages.stream(model=MODEL, max_tokens=128_000, messages=padded) as stream:
+        message = stream.get_final_message()
+    usage = message.usage
+    assert message.stop_reason == "max_tokens" and usage.output_tokens == 2
+    assert usage.input_tokens + usage.cache_read_input_tokens + usage.output_tokens == 4096

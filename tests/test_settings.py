@@ -83,12 +83,23 @@ def test_bad_value_gives_one_line_and_exit_2(name, value, allowed):
 
 
 def test_cross_field_limit_names_both_variables():
-    result = run_config({"DEFAULT_MAX_TOKENS": "5000"})
+    result = run_config({"DEFAULT_MAX_TOKENS": "5000", "MAX_SEQUENCE_LENGTH": "4096"})
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: invalid settings: DEFAULT_MAX_TOKENS (5000) must be below "
         "MAX_SEQUENCE_LENGTH (4096)"
     )
+
+
+def test_the_context_defaults_to_the_models():
+    """Empty MAX_SEQUENCE_LENGTH: rank 0 takes the model's context (engine/context_window.py);
+    a default cap then needs no relation to it."""
+    for env in ({}, {"MAX_SEQUENCE_LENGTH": ""}, {"DEFAULT_MAX_TOKENS": "100000"}):
+        result = run_config(env)
+        assert result.returncode == 0, result.stderr
+        assert parse(result.stdout)["MAX_SEQUENCE_LENGTH"] in ("", "None")
+    bad = run_config({"MAX_SEQUENCE_LENGTH": "long"})
+    assert bad.returncode == 2 and "MAX_SEQUENCE_LENGTH='long'" in bad.stderr
 
 
 def test_two_bad_values_give_two_lines():

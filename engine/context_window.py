@@ -1,0 +1,83 @@
+"""The context (MAX_SEQUENCE_LENGTH): the longest prompt plus answer rank 0 admits.
+
+By default it is the model's own (its config's positions, extended by rope scaling),
+lowered only where the ranks' memory cannot hold MAX_BATCH_SIZE sequences that long; a set
+MAX_SEQUENCE_LENGTH is taken as it is. A request's KV grows with its tokens (mlx-lm's
+caches grow in steps of 256 positions), so a long context reserves nothing: the memory
+bound says only that a full batch of full-length answers would still fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ipc.status import RankStatus
+
+log = logging.getLogger("ring.context")
+
+FALLBACK_CONTEXT = 4096  # a config that names no positions (rare): mlx-lm's own default
+# Rope scalings that stretch the trained positions by `factor` (HF's config semantics);
+# llama3's config already names the stretched length in max_position_embeddings.
+_STRETCHING = {"linear", "dynamic", "yarn", "longrope"}
+
+
+def model_context(config: dict[str, Any]) -> int | None:
+    """The positions the model was built for: max_position_embeddings, times the rope
+    scaling factor where the scaling stretches the original length; None if unnamed."""
+    text = config.get("text_config") or {}
+    positions = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    if not positions:
+        return None
+    scaling = config.get("rope_scaling") or text.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    factor = scaling.get("factor")
+    if kind in _STRETCHING and factor and float(factor) > 1:
+        original = scaling.get("original_max_position_embeddings") or positions
+        return max(int(positions), int(int(original) * float(factor)))
+    return int(positions)
+
+
+def memory_context(ranks: list[RankStatus], sequences: int) -> tuple[int, RankStatus] | None:
+    """The longest context at which every rank holds `sequences` full sequences' KV beside
+    its weights and prefix cache, and the rank that bounds it; None when a rank keeps
+    caches whose size does not grow per token (kv_bytes_per_token 0: no bound known)."""
+    if not ranks or any(rank.kv_bytes_per_token <= 0 for rank in ranks):
+        return None
+    on_host = Counter(rank.host for rank in ranks)
+    longest: list[tuple[int, RankStatus]] = []
+    for rank in ranks:
+        share = rank.machine_memory_bytes // on_host[rank.host]
+        free = share - rank.weight_bytes - rank.prefix_cache_bytes
+        longest.append((max(0, free) // (sequences * rank.kv_bytes_per_token), rank))
+    return min(longest, key=lambda pair: pair[0])
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    tokens: int
+    why: str  # one line for the log
+
+
+def choose_context(
+    setting: int | None, config: dict[str, Any], ranks: list[RankStatus], sequences: int
+) -> ContextChoice:
+    """MAX_SEQUENCE_LENGTH as set, else the model's context bounded by the ranks' memory."""
+    model = model_context(config)
+    if setting is not None:
+        beyond = f" (beyond the model's {model} positions)" if model and setting > model else ""
+        return ContextChoice(setting, f"{setting} tokens (MAX_SEQUENCE_LENGTH){beyond}")
+    tokens = model or FALLBACK_CONTEXT
+    why = f"{tokens} tokens, the model's own" if model else f"{tokens} tokens (model names none)"
+    bound = memory_context(ranks, sequences)
+    if bound is not None and bound[0] < tokens:
+        fits, rank = max(bound[0], 16), bound[1]  # 16: the settings' floor
+        return ContextChoice(
+            fits,
+            f"{fits} tokens, lowered from the model's {tokens}: rank {rank.rank} on "
+            f"{rank.host} holds the KV of MAX_BATCH_SIZE={sequences} sequences only up to "
+            "that length (set MAX_SEQUENCE_LENGTH, or a lower MAX_BATCH_SIZE, to choose)",
+        )
+    return ContextChoice(tokens, why)
