@@ -1,14 +1,13 @@
 """Real multi-rank runs: 2 ranks of server.py over the ring backend on 127.0.0.1.
 
 One cluster per model for the whole module (a tiny random model, and the default
-SmolLM2 model when it can be resolved); separate short-lived clusters for SIGTERM and
-the collective watchdog, since those end the job.
+SmolLM2 model when it can be resolved). Clusters that end (SIGTERM, a dead worker, the
+collective watchdog) are tests/test_cluster_ends.py's.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import struct
 import time
@@ -17,8 +16,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from ipc.client import RankClient
 from ipc.framing import encode_frame
+from ipc.processes import cpu_seconds
 from ipc.protocol import (
     PROTOCOL_VERSION,
     Cancel,
@@ -31,16 +30,10 @@ from ipc.protocol import (
     Submit,
 )
 from launcher.local_cluster import Cluster
+from tests.support.rank_requests import CLUSTER_ENV, greedy, run_requests
 from tests.support.tiny_models import SPECIAL_TOKENS, write_tiny_model
 
 pytestmark = pytest.mark.cluster
-
-CLUSTER_ENV = {
-    "MAX_BATCH_SIZE": "8",
-    "PREFILL_CHUNK_SIZE": "16",
-    "MAX_SEQUENCE_LENGTH": "512",
-    "DEFAULT_MAX_TOKENS": "64",
-}
 
 
 def write_model_without_eos(directory: Path) -> Path:
@@ -64,36 +57,6 @@ def cluster(tmp_path_factory):
 
 
 # ---- helpers -------------------------------------------------------------------------
-
-
-def run_requests(client: RankClient, submits: list[Submit], cancel_after: dict | None = None):
-    """Send all submits, collect text and the final message of each."""
-    cancel_after = cancel_after or {}
-    for submit in submits:
-        client.send(submit)
-    texts = {s.id: "" for s in submits}
-    tokens = {s.id: [] for s in submits}
-    final: dict[str, Done | Error] = {}
-    while len(final) < len(submits):
-        message = client.recv()
-        assert message is not None, "rank 0 closed the connection"
-        if isinstance(message, Delta):
-            texts[message.id] += message.text
-            tokens[message.id] += message.token_ids
-            limit = cancel_after.get(message.id)
-            if limit is not None and len(tokens[message.id]) >= limit:
-                client.send(Cancel(id=message.id))
-                cancel_after.pop(message.id)
-        elif isinstance(message, Done | Error):
-            final[message.id] = message
-        else:
-            assert isinstance(message, Started)
-    return texts, tokens, final
-
-
-def greedy(request_id: str, prompt: str, max_tokens: int, **params) -> Submit:
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)
-    return Submit(id=request_id, prompt=prompt, params=sampling)
 
 
 def mixed_batch(prefix: str = "", greedy_tokens: int = 24, step: int = 3) -> list[Submit]:
@@ -291,8 +254,9 @@ def test_wrong_protocol_version_is_refused(cluster):
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    used = cpu_seconds(pid)
+    assert used is not None, f"process {pid} is gone"
+    return used
 
 
 def _eventually_idle(cluster: Cluster, timeout: float = 10.0) -> bool:
@@ -339,80 +303,3 @@ def test_default_model_serves_a_batch_of_eight_like_one(default_cluster):
     assert tokens["bg"] == tokens_alone["alone"]
     assert texts["bg"] == texts_alone["alone"]
     assert "Paris" in texts["bg"]
-
-
-# ---- clusters that end ----------------------------------------------------------------
-
-
-def test_sigterm_to_rank_0_ends_every_rank(tmp_path, tiny_llama):
-    model = tiny_llama
-    with Cluster(model, ranks=2, env=CLUSTER_ENV) as cluster:
-        pids = cluster.rank_pids()
-        client = cluster.client()
-        client.send(greedy("running", "go", 400))
-        assert isinstance(client.recv(), Started)
-        started = time.monotonic()
-        os.kill(pids[0], signal.SIGTERM)
-        assert cluster.process.wait(10) == 0
-        assert time.monotonic() - started < 5
-        for pid in pids.values():
-            assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
-        log = cluster.log_path.read_text()
-    # mlx.launch exits 0 even when a rank fails, so the log is the witness.
-    assert "r1 INFO stop plan received; exiting" in log, log
-    assert "exited with code" not in log, log
-
-
-def test_idle_rank_0_keeps_the_model_warm(tmp_path, tiny_llama):
-    # KEEP_WARM_SECONDS: idle that long, rank 0 runs a one-token request of its own, so
-    # every rank steps with no client at all; nothing is sent and nothing logged at INFO.
-    model = tiny_llama
-    with Cluster(model, ranks=2, env=CLUSTER_ENV | {"KEEP_WARM_SECONDS": "1"}) as cluster:
-        deadline = time.monotonic() + 30
-        while cluster.status().last_step_ms is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        status = cluster.status()
-        with cluster.client() as client:  # and clients are served as before
-            _, tokens, final = run_requests(client, [greedy("after", "go", 4)])
-        log = cluster.log_path.read_text()
-    assert status.last_step_ms is not None and status.active_requests == 0
-    assert final["after"].finish_reason in ("length", "stop") and tokens["after"]
-    assert "keep-warm" not in log, log
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def test_a_dead_worker_ends_rank_0(tmp_path, tiny_llama):
-    model = tiny_llama
-    with Cluster(model, ranks=2, env=CLUSTER_ENV) as cluster:
-        os.kill(cluster.rank_pids()[1], signal.SIGKILL)
-        cluster.process.wait(10)
-        log = cluster.log_path.read_text()
-    assert "r0 ERROR rank 1 exited (its wake channel closed); stopping" in log, log
-
-
-def test_stuck_collective_ends_the_rank(tmp_path, tiny_llama):
-    model = tiny_llama
-    env = CLUSTER_ENV | {"COLLECTIVE_TIMEOUT_SECONDS": "2"}
-    with Cluster(model, ranks=2, env=env) as cluster:
-        pids = cluster.rank_pids()
-        os.kill(pids[1], signal.SIGSTOP)  # rank 1 will never join the next broadcast
-        try:
-            client = cluster.client()
-            client.send(greedy("stuck", "go", 8))
-            deadline = time.monotonic() + 15
-            while not _is_zombie(pids[0]) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            rank_0_ended = _is_zombie(pids[0])
-        finally:
-            os.kill(pids[1], signal.SIGCONT)
-        cluster.process.wait(10)
-        log = cluster.log_path.read_text()
-    assert rank_0_ended, log
-    assert "Node with rank 0 exited with code 3" in log, log
-    assert "collective 'plan broadcast' did not finish within COLLECTIVE_TIMEOUT_SECONDS" in log
