@@ -90,6 +90,7 @@ def parse_optional_count(text: str) -> int | str | None:
 _TEXT_PARSERS: dict[str, Callable[[str], object]] = {
     "rank_weights": parse_rank_weights,
     "prefix_cache_bytes": parse_bytes,
+    "response_store_bytes": parse_bytes,
     "max_sequence_length": parse_optional_count,
 }
 
@@ -150,6 +151,8 @@ class Settings(BaseSettings):
     native_kernels: Literal["auto", "off"] = "auto"
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
+    # api.py's stored Responses (previous_response_id); None: 128 MiB
+    response_store_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 
     # Timeouts and logging
     request_timeout_seconds: float = Field(default=300.0, gt=0)
@@ -178,7 +181,13 @@ class Settings(BaseSettings):
     def _split(cls, value: object) -> object:
         return split_list(value)
 
-    @field_validator("rank_weights", "prefix_cache_bytes", "max_sequence_length", mode="before")
+    @field_validator(
+        "rank_weights",
+        "prefix_cache_bytes",
+        "response_store_bytes",
+        "max_sequence_length",
+        mode="before",
+    )
     @classmethod
     def _parse_text(cls, value: object, info: ValidationInfo) -> object:
         return _TEXT_PARSERS[str(info.field_name)](value) if isinstance(value, str) else value

@@ -19,6 +19,8 @@ from gateway.errors import install_error_handlers
 from gateway.middleware import AccessLog, BodyLimit
 from gateway.openai import chat, completions, models
 from gateway.rank_client import RankClient
+from gateway.responses import routes as responses
+from gateway.responses.store import ResponseStore
 from gateway.routers import health, info, metrics
 from gateway.telemetry import Telemetry
 from ipc.supervisor_state import STATE_ENV, StateReader
@@ -53,9 +55,11 @@ def create_app(settings: Settings) -> FastAPI:
         lambda: client.status.prefix_cache if client.status is not None else None,
         telemetry.rates,
     )
+    app.state.responses = ResponseStore(settings.response_store_bytes)
     app.state.started_at = int(time.time())
     app.state.error_shapes = [(anthropic_errors.PREFIX, anthropic_errors.error_response)]
-    for module in (chat, completions, messages, models, health, info, metrics, dashboard):
+    apis = (chat, completions, messages, responses, models)
+    for module in (*apis, health, info, metrics, dashboard):
         app.include_router(module.router)
     dashboard.mount_static(app)
     install_error_handlers(app)
