@@ -10,8 +10,9 @@ import pytest
 from mlx_lm.utils import load_model
 
 from engine.cpu_attention import _mlx_attention, grouped_attention
+from tests.support.family_configs import CONFIGS, MLX_LM_CONFIGS
 from tests.support.logits_probe import decode_in_batch
-from tests.support.tiny_families import CONFIGS, MLX_LM_CONFIGS, write_family_model
+from tests.support.tiny_families import write_family_model
 
 # (batch, query heads, KV heads, queries, keys, key dims, value dims): grouped, multi-head,
 # multi-query, MLA-like (values narrower than keys)

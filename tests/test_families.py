@@ -20,7 +20,8 @@ from distributed.model_shape import PlanError
 from distributed.plan import make_plan
 from distributed.plan_text import describe
 from launcher.plan_check import check
-from tests.support.tiny_families import MLX_LM_CONFIGS, mlx_lm_module, write_family_model
+from tests.support.family_configs import MLX_LM_CONFIGS
+from tests.support.tiny_families import mlx_lm_module, write_family_model
 
 QWEN3_30B_A3B = {
     "model_type": "qwen3_moe",

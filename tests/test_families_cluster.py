@@ -24,9 +24,10 @@ import pytest
 
 from distributed.families import registered
 from launcher.local_cluster import Cluster
+from tests.support.family_configs import CONFIGS, MLX_LM_CONFIGS, PLAIN_KV
 from tests.support.probe_runner import Case, run_probe
 from tests.support.rank_requests import greedy, run_requests
-from tests.support.tiny_families import CONFIGS, MLX_LM_CONFIGS, PLAIN_KV, write_family_model
+from tests.support.tiny_families import write_family_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,7 +14,8 @@ from engine.compiled_decode import CompiledDecode
 from engine.last_logits import head_on_last_position
 from engine.prefix_store import kv_bytes_per_token
 from engine.step_plan import Insert, StepPlan
-from tests.support.tiny_families import MLX_LM_CONFIGS, PLAIN_KV, write_family_model
+from tests.support.family_configs import MLX_LM_CONFIGS, PLAIN_KV
+from tests.support.tiny_families import write_family_model
 from tests.test_batch_engine import PROMPTS, greedy_run
 
 FAMILIES = ["mistral_swa", "gpt_oss", "deepseek_v3", "qwen3_moe", "minimax", *MLX_LM_CONFIGS]
