@@ -7,10 +7,13 @@ import datetime
 import os
 import platform
 import shlex
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
 from bench.loadgen import Summary
+from launcher.cpu_layer import first_cpu
 
 OURS = "ours"
 PEER = "mlx_lm.server"
@@ -144,20 +147,27 @@ def ratios_table(
     return lines
 
 
+def _cpu_and_memory() -> tuple[str, int | None]:
+    """The CPU's model and the memory in bytes: Linux's /proc, macOS's sysctl."""
+    if sys.platform == "darwin":
+
+        def sysctl(name: str) -> str:
+            done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True)
+            return done.stdout.strip()
+
+        memory = sysctl("hw.memsize")
+        return sysctl("machdep.cpu.brand_string") or "unknown CPU", int(memory or 0) or None
+    cpu = first_cpu().get("model name", "unknown CPU")
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        return cpu, None
+    return cpu, int(meminfo.read_text().split("MemTotal:")[1].split()[0]) * 1024
+
+
 def machine(blas: str) -> list[str]:
     """CPU model, cores, memory, OS and package versions."""
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = ""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
-        memory = f", {kib / 2**20:.0f} GiB memory"
+    cpu, total = _cpu_and_memory()
+    memory = f", {total / 2**30:.0f} GiB memory" if total else ""
     versions = ", ".join(f"{p} {_version(p)}" for p in ("mlx", "mlx-lm", "fastapi", "uvicorn"))
     return [
         f"- CPU: {cpu}, {os.cpu_count()} cores{memory}, no GPU",

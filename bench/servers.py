@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -98,9 +99,11 @@ def _role(command: str) -> str:
 
 def process_cpu(groups: list[int]) -> dict[str, tuple[str, float]]:
     """{name: (role, CPU seconds)} of the live processes in these process groups (Linux
-    /proc; empty elsewhere). Names: `supervisor`, `mlx.launch`, `api`, `rank N` (from
-    MLX_RANK), else `pid N`; a pid is appended when a name repeats. Roles: supervisor,
-    mlx.launch, api, ranks."""
+    /proc; ps elsewhere, `_process_cpu_ps`). Names: `supervisor`, `mlx.launch`, `api`,
+    `rank N` (from MLX_RANK), else `pid N`; a pid is appended when a name repeats. Roles:
+    supervisor, mlx.launch, api, ranks."""
+    if sys.platform != "linux":
+        return _process_cpu_ps(groups)
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, tuple[str, float]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -118,6 +121,32 @@ def process_cpu(groups: list[int]) -> dict[str, tuple[str, float]]:
         if name in out or name == "pid":
             name += f" {stat.parent.name}"
         out[name] = (role, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _process_cpu_ps(groups: list[int]) -> dict[str, tuple[str, float]]:
+    """process_cpu from POSIX ps (macOS): the same names, but ranks are `pid N` (ps does
+    not show another process's environment, where MLX_RANK is)."""
+    listing = subprocess.run(
+        ["ps", "-axww", "-o", "pid=,pgid=,time=,command="],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    out: dict[str, tuple[str, float]] = {}
+    for row in listing.splitlines():
+        pid, group, used, command = (row.split(None, 3) + [""])[:4]
+        if int(group) not in groups:
+            continue
+        days, _, clock = used.rpartition("-")
+        seconds = int(days or 0) * 86400.0
+        for part in clock.split(":"):
+            seconds = seconds * 60 + float(part) if part else seconds
+        role = _role(command)
+        name = "pid" if role == "ranks" else role
+        if name in out or name == "pid":
+            name += f" {pid}"
+        out[name] = (role, seconds)
     return out
 
 

@@ -22,6 +22,7 @@ import ipaddress
 import json
 import random
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -162,7 +163,7 @@ def random_free_port_run(count: int) -> int:
     outgoing connection's port from taking a rank's port between this check and its
     bind (a CI run lost a cluster to "[ring] Couldn't bind socket (error: 98)").
     """
-    stop = _ephemeral_start()
+    stop = ephemeral_start() or 32768  # below every system's default range
     for _ in range(200):
         start = random.randint(20000, stop - count)
         if all(_port_free(port) for port in range(start, start + count)):
@@ -170,12 +171,18 @@ def random_free_port_run(count: int) -> int:
     raise HostfileError(f"no {count} consecutive free ports between 20000 and {stop}")
 
 
-def _ephemeral_start() -> int:
-    """The first port the kernel hands to outgoing connections (Linux; else 32768)."""
+def ephemeral_start() -> int | None:
+    """The first port the kernel hands to outgoing connections: Linux's /proc, macOS's
+    sysctl net.inet.ip.portrange.first; None where this system does not say."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if sys.platform == "linux":
+            return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        done = subprocess.run(
+            ["sysctl", "-n", "net.inet.ip.portrange.first"], capture_output=True, text=True
+        )
+        return int(done.stdout.strip())
     except (OSError, ValueError, IndexError):
-        return 32768
+        return None
 
 
 def _port_free(port: int) -> bool:

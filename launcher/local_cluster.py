@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -197,10 +199,13 @@ class Cluster:
         return get_status(self.socket_path)
 
     def rank_pids(self) -> dict[int, int]:
-        """{rank: pid} of the server.py processes (children of mlx.launch)."""
+        """{rank: pid} of the server.py processes (children of mlx.launch), by the MLX_RANK
+        in their environment: Linux's /proc, macOS's ps (`-E` shows the environment)."""
         pids: dict[int, int] = {}
         if self.process is None:
             return pids
+        if sys.platform != "linux":
+            return _rank_pids_ps(self.process.pid)
         children: list[int] = []
         for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
             with contextlib.suppress(OSError):
@@ -216,3 +221,23 @@ class Cluster:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+
+def _rank_pids_ps(launcher: int) -> dict[int, int]:
+    """Cluster.rank_pids from BSD ps (macOS): the launcher's children, and the MLX_RANK
+    that `ps -E` shows after each one's command."""
+    table = subprocess.run(["ps", "-axo", "pid=,ppid="], capture_output=True, text=True)
+    children = [
+        int(p)
+        for p, parent in (r.split() for r in table.stdout.splitlines())
+        if int(parent) == launcher
+    ]
+    pids: dict[int, int] = {}
+    for pid in children:
+        shown = subprocess.run(
+            ["ps", "-E", "-ww", "-o", "command=", "-p", str(pid)], capture_output=True, text=True
+        )
+        rank = re.search(r"\bMLX_RANK=(\d+)", shown.stdout)
+        if rank:
+            pids[int(rank.group(1))] = pid
+    return pids

@@ -6,7 +6,8 @@ once one byte reaches mlx.launch's stdin, its write to each closed pipe fails an
 watching them. Its own stdin must stay open without EOF (/dev/null is worse: EOF is always
 readable), so the supervisor gives it the reading end of a pipe whose writing end it
 keeps. A rank that had not closed its stdin yet keeps its pipe watched, so a second byte
-follows while mlx.launch still spins. CPU is read from /proc (Linux only).
+follows while mlx.launch still spins. CPU time comes from ipc/processes.py (/proc on
+Linux, ps on macOS).
 """
 
 from __future__ import annotations
@@ -14,29 +15,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from ipc.processes import cpu_seconds
 
 SPINNING = 20  # % of one core above which mlx.launch is still busy-looping
 
 
 def cpu_percent(pid: int, seconds: float) -> int | None:
-    """Whole-process CPU over `seconds` as % of one core; None where /proc cannot tell."""
-
-    def ticks() -> int | None:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        return int(fields[11]) + int(fields[12])
-
-    before = ticks()
-    if before is None:
+    """Whole-process CPU over `seconds` as % of one core; None where the process is gone
+    (or where the system cannot tell: the supervisor goes on without this check)."""
+    try:
+        before = cpu_seconds(pid)
+        time.sleep(seconds)
+        after = cpu_seconds(pid)
+    except OSError:
         return None
-    time.sleep(seconds)
-    after = ticks()
-    if after is None:
+    if before is None or after is None:
         return None
-    return (after - before) * 100 // os.sysconf("SC_CLK_TCK") // max(1, round(seconds))
+    return int((after - before) * 100 / max(1, round(seconds)))
 
 
 def write_byte(fd: int) -> bool:
@@ -50,7 +46,7 @@ def write_byte(fd: int) -> bool:
 
 def quiet_launcher(nudge: Callable[[], bool], pid: int) -> str | None:
     """Nudge until mlx.launch stops spinning. Returns the line that says so (or warns),
-    None where there is nothing to tell (no /proc, or mlx.launch is gone)."""
+    None where there is nothing to tell (mlx.launch is gone, or its CPU cannot be read)."""
     before = cpu_percent(pid, 1)
     cpu = None
     for _ in range(3):

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from config.settings import PROJECT_DIR, Settings
+from ipc.processes import cpu_seconds, running
+from tests.support.process_list import project_processes
 from tests.support.tiny_families import write_family_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -65,38 +67,15 @@ def _setting_names() -> set[str]:
     return {name.upper() for name in Settings.model_fields} | {"MODEL_REPO"}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+def _cpu(pid: int) -> float:
+    used = cpu_seconds(pid)
+    assert used is not None, f"process {pid} is gone"
+    return used
 
 
 def _ours(root: Path) -> list[str]:
     """Command lines of running processes that belong to this copy of the project."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            cwd = os.readlink(proc / "cwd")
-        except OSError:
-            continue
-        if str(root) in cmdline or cwd == str(root):
-            found.append(f"{proc.name}: {cmdline}")
-    return found
-
-
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return [f"{pid}: {command}" for pid, command in project_processes(root)]
 
 
 def copy_project(root: Path, env: str) -> Project:
@@ -247,10 +226,9 @@ def test_test_command_answers_with_figures(project: Project) -> None:
 
 def test_mlx_launch_idles_without_spinning(project: Project) -> None:
     pid = project.pid("ranks.pid")
-    hz = os.sysconf("SC_CLK_TCK")
-    before, started = _cpu_ticks(pid), time.monotonic()
+    before, started = _cpu(pid), time.monotonic()
     time.sleep(3)
-    share = (_cpu_ticks(pid) - before) / hz / (time.monotonic() - started)
+    share = (_cpu(pid) - before) / (time.monotonic() - started)
     assert share < 0.05, f"mlx.launch used {share:.0%} of a core while idle"
 
 
@@ -261,7 +239,7 @@ def test_restart_with_an_environment_override(project: Project) -> None:
     assert "local mode: 3 ranks on 127.0.0.1" in done.stdout
     assert "Ready:" in done.stdout
     assert project.pid("ranks.pid") != first
-    assert not _alive(first)
+    assert not running(first)
     status = project.launch("status")
     assert re.search(r"^rank 2: running on 127\.0\.0\.1", status.stdout, re.MULTILINE)
     # Local ranks that outnumber the cores run pipeline parallel under PARALLELISM=auto.
@@ -286,7 +264,7 @@ def test_a_killed_rank_is_restarted_and_status_says_so(project: Project) -> None
     # stops, its line may be the only one when the supervisor reads why (a CI run)
     named = ("(ranks): rank 1 was killed by signal 9", "rank 1 exited (its wake channel closed)")
     assert any(reason in done.stdout for reason in named), done.stdout
-    assert project.pid("ranks.pid") != ranks and not _alive(ranks)  # a new job
+    assert project.pid("ranks.pid") != ranks and not running(ranks)  # a new job
     assert project.pid("api.pid") == api  # api.py stayed up
     assert "health: ready (HTTP 200)" in done.stdout
 
@@ -297,7 +275,7 @@ def test_stop_ends_everything_and_is_idempotent(project: Project) -> None:
     assert done.returncode == 0, done.stderr
     assert "stopped api.py" in done.stdout
     assert f"stopped the supervisor (pid {supervisor})" in done.stdout
-    assert not _alive(api) and not _alive(supervisor)
+    assert not running(api) and not running(supervisor)
     assert not _ours(project.root)
     again = project.launch("stop")
     assert again.returncode == 0

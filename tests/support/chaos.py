@@ -30,6 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.process_list import project_processes
+
 PROMPT = "Say anything."
 
 
@@ -189,17 +191,7 @@ def _role(command: str) -> str:
 
 def cluster_processes(root: Path) -> Counter[str]:
     """Roles of the running processes that belong to the project copy at `root`."""
-    found: Counter[str] = Counter()
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            cwd = os.readlink(proc / "cwd")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (str(root) in command or cwd == str(root)):
-            found[_role(command)] += 1
-    return found
+    return Counter(_role(command) for _, command in project_processes(root))
 
 
 def settled_processes(root: Path, expected: Counter[str], timeout: float = 20) -> Counter[str]:

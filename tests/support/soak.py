@@ -1,5 +1,5 @@
 """Soak: many streaming clients for a while, and the resident memory of the ranks and
-api.py sampled once a second from /proc (Linux).
+api.py sampled once a second (ipc/processes.py: /proc on Linux, ps elsewhere).
 
 Each client sends greedy streaming chats one after another (bench/loadgen.py's
 stream_chat, usage requested) until the time is up. Memory: the median of the samples in
@@ -12,23 +12,13 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
 from bench.loadgen import Endpoint, RequestResult, stream_chat
+from ipc.processes import rss_bytes
 
 WINDOW_S = 10.0  # samples per median
-
-
-def rss_bytes(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 @dataclass
