@@ -31,6 +31,7 @@ import openai
 import pytest
 
 from config.settings import PROJECT_DIR
+from ipc.processes import running
 from tests.support import netns_hosts
 from tests.support.chaos import (
     HealthWatch,
@@ -47,7 +48,7 @@ from tests.support.chaos import (
 )
 from tests.support.delay_link import DelayedLink
 from tests.support.netns_hosts import NetnsHosts, Worker
-from tests.test_launch import START_TIMEOUT, Project, _alive, _ours
+from tests.test_launch import START_TIMEOUT, Project, _ours
 from tests.test_launch import project as launch_project  # noqa: F401 (fixture, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -325,7 +326,7 @@ def test_a_remote_rank_killed_mid_stream_restarts_and_takes_the_worker_back(
     assert "running without" not in health(cluster.url)[1]["reason"]
     for worker in cluster.hosts.workers:  # the rank cut off with the link ended by itself
         _only_the_jobs_rank(cluster, worker)
-    assert not _alive(victim)
+    assert not running(victim)
     status = cluster.launch("status")
     assert status.returncode == 0, status.stdout
     assert "Paris" in _ask_capital(cluster).choices[0].message.content
@@ -414,7 +415,7 @@ def test_stop_ends_the_remote_ranks_inside_each_namespace(cluster: RemoteCluster
     done = cluster.launch("stop")
     assert done.returncode == 0, done.stdout + done.stderr
     for worker in cluster.hosts.workers:
-        assert not _alive(pids[worker.index])
+        assert not running(pids[worker.index])
         assert not _server_processes(cluster.hosts, worker), cluster.hosts.commands(worker)
         assert not list((worker.remote_dir / "run").glob("rank-*.pid"))
     assert not _ours(cluster.root)
