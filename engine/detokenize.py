@@ -1,8 +1,21 @@
-"""Incremental detokenization that never splits a UTF-8 character across deltas."""
+"""Incremental detokenization that never splits a UTF-8 character across deltas.
+
+Why not mlx-lm's streaming detokenizers (mlx_lm.tokenizer_utils, 0.32.2): they do not give
+the text `tokenizer.decode(ids, skip_special_tokens=True)` gives, which IncrementalDecoder
+does. Measured on the default model's tokenizer (SmolLM2's, for which mlx-lm picks its
+BPEStreamingDetokenizer; tests/test_detokenize_library.py): it drops the answer's leading
+space (" The capital..." comes out "The capital...", so a completion loses the space after
+its prompt) and writes special tokens as text ("Hi" then EOS comes out "Hi<|im_end|>").
+It is faster (about 15 against 100 microseconds a token over 2,000 tokens here), which at
+decode rates is about 1% of a core. GPT-2's byte alphabet is transformers' own
+(`bytes_to_unicode`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 _REPLACEMENT = "\ufffd"
 
@@ -87,20 +100,8 @@ class StopFilter:
         return out
 
 
-def byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet: printable character -> the byte it stands for."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    mapping = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            mapping[chr(256 + extra)] = b
-            extra += 1
-    return mapping
-
-
-_BYTE_LEVEL = byte_level_alphabet()
+# GPT-2's byte-level BPE alphabet: printable character -> the byte it stands for.
+_BYTE_LEVEL = {char: byte for byte, char in bytes_to_unicode().items()}
 _byte_level_tokenizers: dict[int, bool] = {}
 
 

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import regex
 from mlx_lm import generate, load
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from acquisition import source as model_source
 from acquisition.gguf_import import read_header
 from acquisition.source import ModelSourceError, default_gguf_path, resolve_model
 from config.settings import PROJECT_DIR, Settings
 from tests.support.tiny_gguf import write_tiny_gguf
-from tests.support.tiny_models import _byte_to_unicode, write_tiny_model
+from tests.support.tiny_models import write_tiny_model
 
 MIXED_TEXTS = [
     "Héllo wörld, ça va? Ünïcödé àèìòù ñ",
@@ -142,7 +143,7 @@ def _reference_bpe(text: str, metadata: dict) -> list[int]:
     """SmolLM's tokenization straight from the GGUF vocab and merges (digits split singly)."""
     ids = {token: i for i, token in enumerate(metadata["tokenizer.ggml.tokens"])}
     ranks = {tuple(m.split(" ")): r for r, m in enumerate(metadata["tokenizer.ggml.merges"])}
-    byte_chars = _byte_to_unicode()
+    byte_chars = bytes_to_unicode()
     words = regex.compile(
         r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
     )

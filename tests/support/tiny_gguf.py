@@ -17,8 +17,9 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 from mlx.utils import tree_unflatten
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from tests.support.tiny_models import CHATML_TEMPLATE, SPECIAL_TOKENS, _byte_to_unicode
+from tests.support.tiny_models import CHATML_TEMPLATE, SPECIAL_TOKENS
 
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -90,7 +91,7 @@ def tiny_config(arch: str, vocab_size: int, tied: bool) -> dict:
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     """Specials first (control tokens), the 256 byte characters, then merged tokens."""
-    byte_chars = _byte_to_unicode()
+    byte_chars = bytes_to_unicode()
     tokens = list(SPECIAL_TOKENS) + [byte_chars[b] for b in range(256)]
     tokens += [left + right for left, right in MERGES]
     types = [3] * len(SPECIAL_TOKENS) + [1] * (len(tokens) - len(SPECIAL_TOKENS))

@@ -18,9 +18,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from acquisition.gguf_tokenizer import byte_level_bpe_json
-from engine.detokenize import byte_level_alphabet
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -30,17 +30,12 @@ CHATML_TEMPLATE = (
 )
 
 
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map."""
-    return {byte: char for char, byte in byte_level_alphabet().items()}
-
-
 def write_byte_tokenizer(
     directory: Path, words: tuple[str, ...] = (), template: str = CHATML_TEMPLATE
 ) -> int:
     """Write tokenizer.json/tokenizer_config.json; return the vocabulary size. `words`
     become extra (not special) tokens after the special ones, each decoding to itself."""
-    byte_chars = _byte_to_unicode()
+    byte_chars = bytes_to_unicode()
     vocab = {byte_chars[b]: b for b in range(256)}
     added = [
         {
