@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ipc.processes import running
+
 PREFIX = "mlxring"
 BRIDGE = f"{PREFIX}-br0"
 SUBNET = "10.77.0"
@@ -282,7 +284,7 @@ class NetnsHosts:
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + 5
         while pids and time.monotonic() < deadline:
-            pids = [pid for pid in pids if _running(pid)]
+            pids = [pid for pid in pids if running(pid)]
             time.sleep(0.1)
         for pid in pids:
             _signal(pid, signal.SIGKILL)
@@ -320,11 +322,3 @@ def _sshd_config(worker: Worker) -> str:
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"

@@ -1,0 +1,133 @@
+"""The remote-mode tests' cluster (tests/test_remote_hosts.py): test_launch's project copy
+with WORKER_HOSTS set to the namespaced hosts of tests/support/netns_hosts.py, its
+fixtures (`hosts`, `cluster`) and what the tests read of it: the processes in a worker's
+namespace, a worker's link, and a short chat through the real API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from config.settings import PROJECT_DIR
+from tests.support import netns_hosts
+from tests.support.netns_hosts import NetnsHosts, Worker
+from tests.test_launch import Project
+
+COLLECTIVE_TIMEOUT = 5.0
+# For the chaos tests: a stuck peer is detected within 5 s; a worker that does not answer
+# is left out when the model fits the others; new requests wait for a restart.
+CHAOS_ENV = (
+    f"DEGRADED_MODE=auto\nCOLLECTIVE_TIMEOUT_SECONDS={COLLECTIVE_TIMEOUT}\n"
+    "RESTART_WAIT_SECONDS=180\n"
+)
+
+
+class RemoteCluster:
+    """The project copy in remote mode over the namespaced hosts."""
+
+    def __init__(self, project: Project, hosts: NetnsHosts) -> None:
+        self.project = project
+        self.hosts = hosts
+        self.root = project.root
+        # our ssh (throwaway keys) first on PATH; 3 ranks share this machine's cores
+        self.env = {
+            "PATH": f"{hosts.bin}:{os.environ['PATH']}",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
+        self.url = f"http://127.0.0.1:{project.port}"
+
+    def launch(self, *args: str, env: dict | None = None, timeout: float = 120):
+        return self.project.launch(*args, env={**self.env, **(env or {})}, timeout=timeout)
+
+    def rank_pid(self, worker: Worker) -> int:
+        return int((worker.remote_dir / "run" / f"rank-{worker.index}.pid").read_text())
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=300)
+
+    def ask_capital(self):
+        """A greedy chat completion through the real API, asking for France's capital."""
+        return self.client().chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16,
+            temperature=0,
+        )
+
+    def server_processes(self, worker: Worker) -> dict[int, str]:
+        """pid -> command line of each server.py in the worker's namespace."""
+        return {pid: cmd for pid, cmd in self.hosts.commands(worker).items() if "server.py" in cmd}
+
+    def only_the_jobs_rank(self, worker: Worker, timeout: float = 30) -> None:
+        """Wait until the one server.py in the worker's namespace is the current job's rank."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if set(self.server_processes(worker)) == {self.rank_pid(worker)}:
+                    return
+            except (OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, self.hosts.commands(worker)
+            time.sleep(0.2)
+
+
+def set_link(worker: Worker, state: str) -> None:
+    """Take the worker's veth on this machine's bridge `down` or bring it `up`."""
+    name = f"{netns_hosts.PREFIX}-v{worker.index}"
+    subprocess.run(["ip", "link", "set", name, state], check=True)
+
+
+def mlx_metadata(worker: Worker) -> Path:
+    found = list((worker.remote_dir / ".venv" / "lib").glob("python3*/site-packages/mlx-*"))
+    found = [p / "METADATA" for p in found if p.name.endswith(".dist-info")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _remote_env(hosts: NetnsHosts) -> str:
+    addresses = [w.address for w in hosts.workers]
+    return (
+        f"WORKER_HOSTS={','.join(addresses)}\n"
+        f"WORKER_SSH={','.join('root@' + a for a in addresses)}\n"
+        f"REMOTE_DIR={','.join(str(w.remote_dir) for w in hosts.workers)}\n"
+    )
+
+
+@pytest.fixture(scope="module", name="hosts")
+def hosts_fixture() -> Iterator[NetnsHosts]:
+    reason = netns_hosts.unavailable()
+    if reason:
+        pytest.skip(f"remote-mode tests need network namespaces with sshd: {reason}")
+    made = NetnsHosts(count=2).up()
+    try:
+        venv = (PROJECT_DIR / ".venv").resolve()
+        for worker in made.workers:  # no PyPI inside the namespaces: a hardlinked venv
+            subprocess.run(
+                ["cp", "-al", str(venv), str(worker.remote_dir / ".venv")],
+                check=True,
+                timeout=120,
+            )
+        yield made
+    finally:
+        made.down()
+
+
+@pytest.fixture(scope="module", name="cluster")
+def cluster_fixture(request: pytest.FixtureRequest, hosts: NetnsHosts) -> Iterator[RemoteCluster]:
+    """test_launch's project copy (own .env, port, run/) in remote mode over `hosts`."""
+    project: Project = request.getfixturevalue("launch_project")
+    local_env = (project.root / ".env").read_text()
+    (project.root / ".env").write_text(local_env + _remote_env(hosts) + CHAOS_ENV)
+    remote = RemoteCluster(project, hosts)
+    try:
+        yield remote
+    finally:
+        remote.launch("stop", timeout=120)
+        # back to local mode: `project`'s own final stop must not look for the workers
+        (project.root / ".env").write_text(local_env)
