@@ -65,6 +65,19 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+def refused(message: str) -> Callable[[Any], Any]:
+    """A field validator (`field_validator(name)(refused(...))`) for a request field this
+    server does not take: any value but None is a 400 that names the field and says
+    `message`."""
+
+    def check(value: Any) -> Any:
+        if value is not None:
+            raise ValueError(message)
+        return value
+
+    return check
+
+
 def unavailable(message: str, retry_after: int = 2) -> APIError:
     """503 with Retry-After: the ranks are down, loading or stopping."""
     return APIError(

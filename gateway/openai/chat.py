@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from gateway import sse
-from gateway.openai.common import ChunkStream, begin, whole_response
+from gateway.openai.common import GENERATION_ERRORS, ChunkStream, begin, whole_response
 from gateway.openai.convert import chat_submit, choice_finish_reason
 from gateway.openai.protocol import (
     AssistantMessage,
@@ -20,7 +20,6 @@ from gateway.openai.protocol import (
     ChatCompletionRequest,
     ChoiceLogprobs,
     ChunkDelta,
-    error_responses,
 )
 from gateway.openai.tooling import ChunkToolCall, ResponseToolCall
 from ipc.protocol import Delta, Done
@@ -28,11 +27,7 @@ from ipc.protocol import Delta, Done
 router = APIRouter(tags=["chat"])  # API_KEY: gateway/auth.ApiKeyGate
 
 
-@router.post(
-    "/v1/chat/completions",
-    response_model=ChatCompletion,
-    responses=error_responses(400, 401, 404, 413, 503, 504),
-)
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses=GENERATION_ERRORS)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> ChatCompletion | StreamingResponse:

@@ -13,10 +13,14 @@ from pydantic import BaseModel
 
 from gateway import sse
 from gateway.core import Generation, Limits, new_request_id, served_model, system_fingerprint
-from gateway.openai.protocol import Performance, ResponseHead
+from gateway.openai.protocol import Performance, ResponseHead, error_responses
 from ipc.protocol import Delta, Done, Submit
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+# What a generation route may answer besides 200: a bad request, no API key, an unknown
+# model, a body too large, the ranks unavailable or too slow.
+GENERATION_ERRORS = error_responses(400, 401, 404, 413, 503, 504)
 
 
 class NamesModel(Protocol):

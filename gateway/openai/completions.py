@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from gateway.openai.common import ChunkStream, begin, whole_response
+from gateway.openai.common import GENERATION_ERRORS, ChunkStream, begin, whole_response
 from gateway.openai.convert import choice_finish_reason, completion_submit
 from gateway.openai.protocol import (
     CompletionLogprobs,
@@ -14,7 +14,6 @@ from gateway.openai.protocol import (
     ResponseHead,
     TextChoice,
     TextCompletion,
-    error_responses,
 )
 from ipc.protocol import Delta, Done, TokenLogprob
 
@@ -33,17 +32,13 @@ def text_logprobs(items: list[TokenLogprob], offset: int) -> CompletionLogprobs:
     return result
 
 
-@router.post(
-    "/v1/completions",
-    response_model=TextCompletion,
-    responses=error_responses(400, 401, 404, 413, 503, 504),
-)
+@router.post("/v1/completions", response_model=TextCompletion, responses=GENERATION_ERRORS)
 async def completions(
     body: CompletionRequest, request: Request
 ) -> TextCompletion | StreamingResponse:
     """Continue a text prompt."""
-    generation, head = await begin(request, body, completion_submit, "cmpl", "prompt")
     want_logprobs = body.logprobs is not None
+    generation, head = await begin(request, body, completion_submit, "cmpl", "prompt")
     if body.stream:
         return generation.stream(TextStream(head, body.include_usage, want_logprobs))
     result = await generation.collect()

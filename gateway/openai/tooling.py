@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from gateway.core import check_tool_choice
+from gateway.errors import refused
 from ipc.protocol import OutputFormat, ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -124,16 +125,13 @@ class AgentFields(BaseModel):
     functions: list[Any] | None = None  # OpenAI's deprecated form of tools: refused
     function_call: Any = None
 
-    @field_validator("functions", "function_call")
-    @classmethod
-    def _refuse_legacy_functions(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(
-                "functions and function_call are OpenAI's deprecated form; send the same "
-                'functions as tools ([{"type": "function", "function": {...}}]) and '
-                "function_call as tool_choice"
-            )
-        return value
+    _refuse_legacy_functions = field_validator("functions", "function_call")(
+        refused(
+            "functions and function_call are OpenAI's deprecated form; send the same "
+            'functions as tools ([{"type": "function", "function": {...}}]) and '
+            "function_call as tool_choice"
+        )
+    )
 
     @field_validator("tools")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway.errors import refused
 from gateway.openai.protocol import Performance
 from gateway.openai.tooling import FUNCTION_NAME
 from ipc.protocol import Usage
@@ -123,15 +124,12 @@ class ResponsesRequest(_Lenient):
     user: str | None = Field(default=None, max_length=256)
     conversation: Any = None  # OpenAI's stored conversations: not kept here
 
-    @field_validator("conversation")
-    @classmethod
-    def _refuse_conversation(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(
-                "conversations are not stored by this server; continue a conversation with "
-                "previous_response_id, or send the whole history as input items"
-            )
-        return value
+    _refuse_conversation = field_validator("conversation")(
+        refused(
+            "conversations are not stored by this server; continue a conversation with "
+            "previous_response_id, or send the whole history as input items"
+        )
+    )
 
     def function_tools(self) -> list[FunctionTool]:
         """The tools the model may call: the function tools (others are ignored)."""
