@@ -7,6 +7,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")" || exit 1
 
 echo "==> Python environment (.venv with test tools)"
 scripts/setup_venv.sh dev || exit 1
+echo "==> Coding agents (Claude Code, Codex CLI, opencode from npm, pinned)"
+scripts/setup_agents.sh || exit 1
 
 # MLX's Linux CPU wheel ships a slow BLAS; Debian's OpenBLAS makes the model tests fast.
 eval "$(.venv/bin/python -m launcher.command blas-env)"
