@@ -25,6 +25,7 @@ from config.settings import run_with_settings
 from distributed.broadcast import Broadcaster
 from distributed.group import init_group, leader_address
 from distributed.loader import ModelLoadError, install_eval_guard, load_for_rank
+from distributed.memory import prefix_budget
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
@@ -37,7 +38,7 @@ from engine.cpu_linear import transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefix_cache import PrefixCache
-from engine.prefix_store import budget_tokens, kv_bytes_per_token, rank_budget
+from engine.prefix_store import budget_tokens, kv_bytes_per_token
 from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
 from engine.step_plan import PlanDecodeError, StepPlan
@@ -166,7 +167,7 @@ def main(settings: Settings) -> int:
     evaluating_parts = install_eval_guard(model, watchdog.guard)
     compiled = _compiled_decode(settings, model, evaluating_parts, profiler is not None)
     engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard, compiled)
-    budget = rank_budget(
+    budget = prefix_budget(
         settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
     )
     mine = RankStatus(

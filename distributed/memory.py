@@ -19,9 +19,15 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from distributed.hosts import RankHost
-from distributed.model_shape import PlanError
+from distributed.model_shape import FALLBACK_CONTEXT, PlanError, model_context
 from distributed.plan import Plan, make_plan
 
+# PREFIX_CACHE_BYTES by default: this share of the memory a rank has left after its
+# weights (its machine's memory divided among the ranks on it). The rest stays for the
+# running batch's KV (MAX_BATCH_SIZE sequences of the context) and the system.
+PREFIX_SHARE = 0.25
+# The shortest context a plan may leave each of MAX_BATCH_SIZE sequences: less is refused.
+MIN_CONTEXT = 256
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
@@ -89,6 +95,21 @@ def kv_bytes(plan: Plan, element_bytes: int) -> list[tuple[int, int]]:
     return out
 
 
+def prefix_budget(setting: int | None, memory: int, ranks_on_host: int, weights: int) -> int:
+    """A rank's prefix-cache bytes: PREFIX_CACHE_BYTES, or the default share."""
+    if setting is not None:
+        return setting
+    return max(0, int(PREFIX_SHARE * (memory // max(1, ranks_on_host) - weights)))
+
+
+def longest_context(free: int, sequences: int, per_token: int, per_sequence: int = 0) -> int | None:
+    """The most tokens each of `sequences` sequences may hold in `free` bytes of KV; None
+    where the caches do not grow per token (no bound)."""
+    if per_token <= 0:
+        return None
+    return max(0, free - sequences * per_sequence) // (sequences * per_token)
+
+
 class RankMemory(BaseModel):
     """One rank's predicted needs against what its machine offers it."""
 
@@ -98,6 +119,8 @@ class RankMemory(BaseModel):
     kv_bytes_per_token: int
     kv_bytes: int  # for the configured batch of full sequences
     available_bytes: int  # its machine's memory divided among the ranks on it
+    prefix_bytes: int = 0  # its prefix cache's budget
+    longest_context: int | None = None  # at MAX_BATCH_SIZE, beside weights and prefix cache
 
     @property
     def needed_bytes(self) -> int:
@@ -114,16 +137,22 @@ class FitReport(BaseModel):
     plan: Plan
     ranks: list[RankMemory]
     sequences: int  # MAX_BATCH_SIZE
-    sequence_length: int  # MAX_SEQUENCE_LENGTH
+    sequence_length: int  # MAX_SEQUENCE_LENGTH, or the model's context lowered to what fits
 
     def problems(self) -> list[str]:
-        return [
+        short = [
             f"rank {r.rank} on {r.host} needs {_gib(r.needed_bytes)} (weights "
             f"{_gib(r.weight_bytes)} + KV {_gib(r.kv_bytes)}) but has {_gib(r.available_bytes)}:"
             f" short by {_gib(r.short_bytes)}"
             for r in self.ranks
             if r.short_bytes
         ]
+        if self.sequence_length < MIN_CONTEXT:
+            short.append(
+                f"the ranks' memory leaves {self.sequence_length} tokens for each of "
+                f"MAX_BATCH_SIZE={self.sequences} sequences, under {MIN_CONTEXT}"
+            )
+        return short
 
     def describe(self) -> list[str]:
         lines = [
@@ -132,10 +161,12 @@ class FitReport(BaseModel):
         ]
         for r in self.ranks:
             verdict = "fits" if not r.short_bytes else f"SHORT by {_gib(r.short_bytes)}"
+            longest = "no bound" if r.longest_context is None else f"{r.longest_context} tokens"
             lines.append(
                 f"  rank {r.rank} on {r.host}: weights {_gib(r.weight_bytes)} + KV "
                 f"{_gib(r.kv_bytes)} ({r.kv_bytes_per_token} bytes/token) = "
-                f"{_gib(r.needed_bytes)} of {_gib(r.available_bytes)}: {verdict}"
+                f"{_gib(r.needed_bytes)} of {_gib(r.available_bytes)}: {verdict}; longest "
+                f"context at MAX_BATCH_SIZE={self.sequences}: {longest}"
             )
         return lines
 
@@ -153,8 +184,15 @@ def _gib(value: int) -> str:
 
 
 def predict(
-    model_dir: Path, plan: Plan, hosts: list[RankHost], sequences: int, sequence_length: int
+    model_dir: Path,
+    plan: Plan,
+    hosts: list[RankHost],
+    sequences: int,
+    sequence_length: int | None,
+    prefix_setting: int | None = None,
 ) -> FitReport:
+    """Each rank's figures; `sequence_length` None: the model's context, lowered to the
+    longest every rank holds (as rank 0 chooses it: engine/context_window.py)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     weights = predict_weight_bytes(model_dir, plan)
     kv = kv_bytes(plan, activation_bytes(model_dir, config))
@@ -162,16 +200,26 @@ def predict(
     for rank, host in enumerate(hosts):
         per_token, per_sequence = kv[rank]
         neighbours = sum(1 for other in hosts if other.host == host.host)
+        available = host.memory_bytes // neighbours
+        prefix = prefix_budget(prefix_setting, host.memory_bytes, neighbours, weights[rank])
+        free = available - weights[rank] - prefix
         ranks.append(
             RankMemory(
                 rank=rank,
                 host=host.host,
                 weight_bytes=weights[rank],
                 kv_bytes_per_token=per_token,
-                kv_bytes=sequences * (per_token * sequence_length + per_sequence),
-                available_bytes=host.memory_bytes // neighbours,
+                kv_bytes=0,
+                available_bytes=available,
+                prefix_bytes=prefix,
+                longest_context=longest_context(free, sequences, per_token, per_sequence),
             )
         )
+    if sequence_length is None:
+        bounds = [r.longest_context for r in ranks if r.longest_context is not None]
+        sequence_length = min([model_context(config) or FALLBACK_CONTEXT, *bounds])
+    for memory, (per_token, per_sequence) in zip(ranks, kv, strict=True):
+        memory.kv_bytes = sequences * (per_token * sequence_length + per_sequence)
     return FitReport(plan=plan, ranks=ranks, sequences=sequences, sequence_length=sequence_length)
 
 
@@ -181,18 +229,20 @@ def check_fit(
     weights: list[float] | None,
     parallelism: str = "auto",
     sequences: int = 8,
-    sequence_length: int = 4096,
+    sequence_length: int | None = None,
+    prefix_setting: int | None = None,
 ) -> FitReport:
     """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
     rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
-    `sequence_length` (MAX_SEQUENCE_LENGTH) tokens fit its machine (its memory divided among
+    `sequence_length` (MAX_SEQUENCE_LENGTH; None: the model's context, lowered to what the
+    ranks hold beside their prefix caches) tokens fit its machine (its memory divided among
     the ranks on it). Reads config.json and the safetensors headers; loads no weight.
     Returns the plan and the per-rank figures (`FitReport.describe()`); raises PlanError
     naming the rank and the shortfall when a rank does not fit (DoesNotFit, which carries
     the report), or when the split itself is refused."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     plan = make_plan(config, len(hosts), weights, parallelism, hosts)
-    report = predict(model_dir, plan, hosts, sequences, sequence_length)
+    report = predict(model_dir, plan, hosts, sequences, sequence_length, prefix_setting)
     problems = report.problems()
     if problems:
         raise DoesNotFit("; ".join(problems) + ". What would work: " + _remedy(report), report)

@@ -147,3 +147,25 @@ def _quantization(config: dict[str, Any]) -> dict[str, Any]:
 
 def _expert_path(key: str) -> bool:
     return ".switch_mlp." in key or ".experts." in key
+
+
+FALLBACK_CONTEXT = 4096  # a config that names no positions (rare): mlx-lm's own default
+# Rope scalings that stretch the trained positions by `factor` (HF's config semantics);
+# llama3's config already names the stretched length in max_position_embeddings.
+_STRETCHING = {"linear", "dynamic", "yarn", "longrope"}
+
+
+def model_context(config: dict[str, Any]) -> int | None:
+    """The positions the model was built for: max_position_embeddings, times the rope
+    scaling factor where the scaling stretches the original length; None if unnamed."""
+    text = config.get("text_config") or {}
+    positions = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    if not positions:
+        return None
+    scaling = config.get("rope_scaling") or text.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    factor = scaling.get("factor")
+    if kind in _STRETCHING and factor and float(factor) > 1:
+        original = scaling.get("original_max_position_embeddings") or positions
+        return max(int(positions), int(int(original) * float(factor)))
+    return int(positions)

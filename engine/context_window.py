@@ -14,45 +14,27 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from distributed.memory import longest_context
+from distributed.model_shape import FALLBACK_CONTEXT, model_context
 from ipc.status import RankStatus
 
 log = logging.getLogger("ring.context")
-
-FALLBACK_CONTEXT = 4096  # a config that names no positions (rare): mlx-lm's own default
-# Rope scalings that stretch the trained positions by `factor` (HF's config semantics);
-# llama3's config already names the stretched length in max_position_embeddings.
-_STRETCHING = {"linear", "dynamic", "yarn", "longrope"}
-
-
-def model_context(config: dict[str, Any]) -> int | None:
-    """The positions the model was built for: max_position_embeddings, times the rope
-    scaling factor where the scaling stretches the original length; None if unnamed."""
-    text = config.get("text_config") or {}
-    positions = config.get("max_position_embeddings") or text.get("max_position_embeddings")
-    if not positions:
-        return None
-    scaling = config.get("rope_scaling") or text.get("rope_scaling") or {}
-    kind = scaling.get("rope_type") or scaling.get("type")
-    factor = scaling.get("factor")
-    if kind in _STRETCHING and factor and float(factor) > 1:
-        original = scaling.get("original_max_position_embeddings") or positions
-        return max(int(positions), int(int(original) * float(factor)))
-    return int(positions)
 
 
 def memory_context(ranks: list[RankStatus], sequences: int) -> tuple[int, RankStatus] | None:
     """The longest context at which every rank holds `sequences` full sequences' KV beside
     its weights and prefix cache, and the rank that bounds it; None when a rank keeps
     caches whose size does not grow per token (kv_bytes_per_token 0: no bound known)."""
-    if not ranks or any(rank.kv_bytes_per_token <= 0 for rank in ranks):
-        return None
     on_host = Counter(rank.host for rank in ranks)
-    longest: list[tuple[int, RankStatus]] = []
+    bounds = []
     for rank in ranks:
         share = rank.machine_memory_bytes // on_host[rank.host]
         free = share - rank.weight_bytes - rank.prefix_cache_bytes
-        longest.append((max(0, free) // (sequences * rank.kv_bytes_per_token), rank))
-    return min(longest, key=lambda pair: pair[0])
+        longest = longest_context(free, sequences, rank.kv_bytes_per_token)
+        if longest is None:
+            return None
+        bounds.append((longest, rank))
+    return min(bounds, key=lambda pair: pair[0]) if bounds else None
 
 
 @dataclass(frozen=True)
@@ -73,7 +55,8 @@ def choose_context(
     why = f"{tokens} tokens, the model's own" if model else f"{tokens} tokens (model names none)"
     bound = memory_context(ranks, sequences)
     if bound is not None and bound[0] < tokens:
-        fits, rank = max(bound[0], 16), bound[1]  # 16: the settings' floor
+        fits, rank = max(bound[0], 16), bound[1]  # 16: the settings' floor (the plan refuses
+        # less than MIN_CONTEXT before loading: distributed/memory.py)
         return ContextChoice(
             fits,
             f"{fits} tokens, lowered from the model's {tokens}: rank {rank.rank} on "

@@ -53,19 +53,6 @@ def kv_bytes_per_token(
     return sum(keys.nbytes + values.nbytes for keys, values in _layers(caches, 1))
 
 
-# PREFIX_CACHE_BYTES by default: this share of the memory a rank has left after its
-# weights (its machine's memory divided among the ranks on it). The rest stays for the
-# running batch's KV (MAX_BATCH_SIZE x MAX_SEQUENCE_LENGTH tokens) and the system.
-DEFAULT_SHARE = 0.25
-
-
-def rank_budget(setting: int | None, memory: int, ranks_on_host: int, weights: int) -> int:
-    """This rank's prefix-cache bytes: PREFIX_CACHE_BYTES, or the default share."""
-    if setting is not None:
-        return setting
-    return max(0, int(DEFAULT_SHARE * (memory // max(1, ranks_on_host) - weights)))
-
-
 def budget_tokens(per_rank: list[tuple[int, int]]) -> int:
     """Tokens every rank can cache, from each rank's (budget bytes, KV bytes per token);
     0 when a rank keeps no prefix cache."""

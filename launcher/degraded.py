@@ -101,6 +101,7 @@ def fit_problem(
             settings.parallelism,
             settings.max_batch_size,
             settings.max_sequence_length,
+            settings.prefix_cache_bytes,
         )
     except OSError as exc:
         return f"cannot read the model ({exc})"

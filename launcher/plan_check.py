@@ -57,6 +57,7 @@ def check(settings: Settings, model_dir: Path) -> int:
             settings.parallelism,
             settings.max_batch_size,
             settings.max_sequence_length,
+            settings.prefix_cache_bytes,
         )
     except DoesNotFit as exc:
         print("\n".join(describe(exc.report.plan) + exc.report.describe()))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engine.context_window import choose_context, memory_context, model_context
+from distributed.model_shape import model_context
+from engine.context_window import choose_context, memory_context
 from ipc.status import RankStatus
 
 GIB = 2**30

@@ -317,3 +317,27 @@ def test_launch_status_shows_what_an_moe_plan_splits() -> None:
     lines = summary.summarise({"state": "ready", "world_size": 3, "plan": plan})
     assert "plan tensor-uneven by heads + experts + vocabulary" in lines[0]
     assert "experts 0-64" in lines[1] and "vocab 0-" in lines[1]
+
+
+def test_the_plan_names_each_ranks_longest_context_and_lowers_the_models(
+    tiny_moe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MAX_SEQUENCE_LENGTH empty: the model's context (4096 here), lowered to what every
+    rank holds at MAX_BATCH_SIZE beside its weights and prefix cache; under 256 refused."""
+    roomy = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(2)]
+    report = check_fit(tiny_moe, roomy, None, "tensor", 8)
+    assert report.sequence_length == 4096  # the model's own
+    assert all(r.longest_context and r.longest_context > 4096 for r in report.ranks)
+    weights = max(r.weight_bytes for r in report.ranks)
+    per_token = max(r.kv_bytes_per_token for r in report.ranks)
+    # a machine that leaves each rank room for 1000 tokens x 8 sequences after the prefix
+    # cache's quarter of what the weights leave
+    tight = 2 * (weights + int(1000 * 8 * per_token / 0.75)) + 2**12
+    small = [RankHost(host="mini", cores=8, memory_bytes=tight)] * 2
+    lowered = check_fit(tiny_moe, small, None, "tensor", 8)
+    assert 900 <= lowered.sequence_length < 1100
+    assert lowered.sequence_length == min(r.longest_context or 0 for r in lowered.ranks)
+    assert "longest context at MAX_BATCH_SIZE=8" in "\n".join(lowered.describe())
+    tiny = [RankHost(host="mini", cores=8, memory_bytes=2 * weights + 2**14)] * 2
+    with pytest.raises(DoesNotFit, match="under 256"):
+        check_fit(tiny_moe, tiny, None, "tensor", 8)
