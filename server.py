@@ -19,9 +19,8 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
-from config import Settings
 from config.logging_setup import setup_logging
-from config.settings import run_with_settings
+from config.settings import Settings, run_with_settings
 from distributed.broadcast import Broadcaster
 from distributed.group import init_group, leader_address
 from distributed.loader import ModelLoadError, install_eval_guard, load_for_rank

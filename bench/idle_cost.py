@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from bench.loadgen import Endpoint, essay_prompt, stream_chat
 from bench.servers import ROOT, launch_groups, process_cpu
-from config import Settings
+from config.settings import Settings
 
 
 class CpuShares(BaseModel):

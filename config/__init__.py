@@ -1,5 +1,5 @@
-"""Settings shared by every process: one pydantic model read from the environment and .env."""
+"""Settings shared by every process: one pydantic model read from the environment and .env.
 
-from config.settings import Settings, SettingsError, load_settings
-
-__all__ = ["Settings", "SettingsError", "load_settings"]
+The names live where they are defined: config/settings.py (Settings, SettingsError,
+load_settings, run_with_settings) and config/logging_setup.py; import them from there.
+"""

@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from acquisition.source import ModelSourceError, resolve_model, served_names
-from config import Settings
+from config.settings import Settings
 from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
 from distributed.model_shape import ModelShape, PlanError

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from config import Settings
+from config.settings import Settings
 from distributed.broadcast import Broadcaster
 from distributed.group import RankIdentity
 from distributed.loader import ModelInfo

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="wait-ready deadline (s)")
     args = parser.parse_args(argv)
     if args.socket is None:
-        from config import SettingsError, load_settings
+        from config.settings import SettingsError, load_settings
 
         try:
             args.socket = load_settings().socket_path

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from config import Settings
+from config.settings import Settings
 from ipc.supervisor_state import STATE_ENV, Failure
 from launcher.paths import Paths
 from launcher.restart_policy import RestartPolicy

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from launcher import cpu_layer
 
 if TYPE_CHECKING:
-    from config import Settings
+    from config.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -82,7 +82,7 @@ def launch_sh_argv(
     """`env VAR=... mlx.launch ...` for launch.sh's job (the supervisor adds only its stdin):
     every host of hosts.json runs RANK_SHELL. `settings` defaults to the loaded ones; the
     supervisor passes those of a job without a left-out worker."""
-    from config import load_settings
+    from config.settings import load_settings
 
     settings = settings or load_settings()
     job = Job(
@@ -129,7 +129,7 @@ def exec_python(program: list[str]) -> int:
 def blas_env() -> int:
     """test.sh's `export` lines: NATIVE_KERNELS as the settings say (.env included), so
     the tests' clusters see it, and the CPU layer's preload for pytest itself."""
-    from config import SettingsError, load_settings
+    from config.settings import SettingsError, load_settings
 
     try:
         switch = {cpu_layer.SWITCH: load_settings().native_kernels}
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "blas-env":
         return blas_env()
-    from config import SettingsError
+    from config.settings import SettingsError
 
     try:
         sys.stdout.write("".join(f"{arg}\0" for arg in launch_sh_argv(args.port)))

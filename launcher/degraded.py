@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config import Settings
+from config.settings import Settings
 from ipc.supervisor_state import LeftOut
 from launcher import remote
 

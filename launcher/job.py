@@ -18,7 +18,7 @@ import socket
 import subprocess
 import time
 
-from config import Settings
+from config.settings import Settings
 from ipc.client import ClientError, RankClient, get_status
 from ipc.protocol import Shutdown
 from ipc.status import RankState, Status

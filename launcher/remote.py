@@ -13,7 +13,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from config import Settings
+from config.settings import Settings
 from launcher.hostfile import worker_destinations
 
 SSH_TIMEOUT_S = 5  # ConnectTimeout; the whole command gets 15 s more (ranks.sh waits 5 s)

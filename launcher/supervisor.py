@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import Settings
 from config.logging_setup import setup_logging
-from config.settings import run_with_settings
+from config.settings import Settings, run_with_settings
 from ipc.supervisor_state import Failure, SupervisorState, read_state, write_state
 from launcher import remote
 from launcher.api_process import API_READY_TIMEOUT_S, ApiKeeper, ApiProcess

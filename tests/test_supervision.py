@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from config import Settings, load_settings
+from config.settings import Settings, load_settings
 from gateway.availability import availability, supervised, waits_for_restart
 from ipc.supervisor_state import (
     STATE_ENV,
