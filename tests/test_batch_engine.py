@@ -165,3 +165,25 @@ def test_a_burst_with_cached_prefixes_prefills_in_one_step_and_decodes_as_alone(
         alone = greedy_run(model, chunk=256, prompts=[prompt], steps=5)[1]
         np.testing.assert_allclose(first, alone[1], atol=1e-4)
         assert tokens[seq] == alone[0][:5]
+
+
+def test_a_requests_kv_grows_with_its_tokens(model):
+    """Nothing reserves the context (MAX_SEQUENCE_LENGTH is rank 0's admission rule only):
+    a 7-token request in a batch beside a 40-token one holds caches of a few hundred
+    positions (mlx-lm grows them 256 at a time), not of any context length."""
+    from engine.batch_engine import _cache_arrays
+
+    engine = BatchEngine(model, 64)
+    engine.apply(
+        StepPlan(
+            step=0,
+            fingerprint=engine.fingerprint(),
+            inserts=[Insert(1, PROMPTS[0]), Insert(2, PROMPTS[1])],
+        )
+    )
+    engine.run()
+    assert engine.kv_tokens == len(PROMPTS[0]) + len(PROMPTS[1])
+    held = sum(a.nbytes for a in _cache_arrays(engine._decode_cache or []))
+    layer = model.layers[0].self_attn
+    per_position = 2 * layer.n_kv_heads * (layer.k_proj.weight.shape[0] // layer.n_kv_heads) * 4
+    assert 0 < held <= 2 * 512 * per_position * len(model.layers)  # 2 rows, < 512 positions
