@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_tokenizer
 
 from config.logging_setup import setup_logging
 from config.settings import Settings, run_with_settings
 from distributed.broadcast import Broadcaster
 from distributed.group import init_group, leader_address
-from distributed.loader import ModelLoadError, install_eval_guard, load_for_rank
+from distributed.loader import ModelInfo, ModelLoadError, install_eval_guard, load_for_rank
 from distributed.memory import prefix_budget
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
@@ -40,6 +41,7 @@ from engine.prefix_cache import PrefixCache
 from engine.prefix_store import budget_tokens, kv_bytes_per_token
 from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
+from engine.speculation import Speculator, rollback_refusal
 from engine.step_plan import PlanDecodeError, StepPlan
 from ipc.server import Event, SocketServer
 from ipc.status import RankStatus
@@ -103,6 +105,20 @@ def _compiled_decode(
         return None
     log.info("decode: compiled where the caches allow (COMPILED_DECODE=auto)")
     return CompiledDecode(model)
+
+
+def _speculator(settings: Settings, model: Callable[..., mx.array], info: ModelInfo) -> Speculator:
+    """Rank 0's prompt lookup (SPECULATIVE, SPEC_TOKENS), off with the reason where the
+    caches cannot roll back a rejected proposal."""
+    if settings.speculative == "off":
+        log.info("speculation: off (SPECULATIVE=off)")
+        return Speculator(0)
+    refusal = rollback_refusal(make_prompt_cache(model), info.plan.shape.sliding_layers)
+    if refusal is not None:
+        log.warning("speculation: off for this model: %s", refusal)
+    else:
+        log.info("speculation: prompt lookup, up to %d tokens a row", settings.spec_tokens)
+    return Speculator(settings.spec_tokens, refusal)
 
 
 def _peer_lost(exc: RuntimeError) -> bool:
@@ -223,6 +239,7 @@ def main(settings: Settings) -> int:
         ),
         defaults=defaults,
         vocab_size=vocab_size,
+        speculator=_speculator(settings, model, info),
     )
     log.info("chat prompt: %s", scheduler.setup.chat.describe())
     leader = Leader(

@@ -2,13 +2,15 @@
 prefilled together, then N decode steps; prints the prefill and the median decode step.
 
     LD_PRELOAD=<OpenBLAS> [OPENBLAS_CORETYPE=Prescott] .venv/bin/python -m bench.engine_steps \
-        --batch 8 --prompt 70 --steps 64 [--layout plain|transposed] [--eager]
+        --batch 8 --prompt 70 --steps 64 [--layout plain|transposed] [--eager] [--draft N]
 
 The model is set up as server.py does on MLX's CPU backend (the attention kernel, the
 head stored transposed and on the last position); `--layout transposed` stores the layers
 [in, out] too, as LINEAR_LAYOUT=transposed does. For comparing OpenBLAS's kernels
 (OPENBLAS_CORETYPE) and layouts without a server around them; bench.step_time measures the
-server's steps.
+server's steps. `--draft N` gives every row N proposed tokens a step (a speculative
+step's forward, engine/speculation.py) and rolls them all back at the next: the cost of
+verifying N proposals, whatever is accepted.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
     parser.add_argument("--layout", choices=get_args(LinearLayout), default="plain")
     parser.add_argument("--eager", action="store_true", help="no compiled decode")
+    parser.add_argument("--draft", type=int, default=0, help="proposed tokens a row a step")
     args = parser.parse_args()
     model, _ = load_model(args.model)
     model.eval()
@@ -60,14 +63,25 @@ def main() -> None:
         engine.apply(plan)
         started = time.perf_counter()
         result = engine.run()
-        tokens = dict(zip(result.seq_ids, mx.argmax(result.logits, axis=-1).tolist(), strict=True))
+        chosen = mx.argmax(result.logits, axis=-1).tolist()
+        firsts = [sum(result.widths[:i]) for i in range(len(result.widths))]
+        tokens = {seq_id: chosen[at] for seq_id, at in zip(result.seq_ids, firsts, strict=True)}
         times.append((time.perf_counter() - started) * 1e3)
         next_tokens = [tokens[seq_id] for seq_id in engine.decode_ids]
-        plan = StepPlan(engine.step_index, engine.fingerprint(), tokens=next_tokens)
+        rollbacks = [w - 1 for w in result.widths] if max(result.widths) > 1 else []
+        drafts = [[t] * args.draft for t in next_tokens] if args.draft else []
+        plan = StepPlan(
+            engine.step_index,
+            engine.fingerprint(),
+            tokens=next_tokens,
+            drafts=drafts,
+            rollbacks=rollbacks,
+        )
     decode = statistics.median(times[2:])
     print(
         f"batch {args.batch} x {args.prompt} prompt tokens: prefill {times[0]:.0f} ms, "
-        f"decode {decode:.1f} ms a step (median of {len(times) - 2})"
+        f"decode {decode:.1f} ms a step (median of {len(times) - 2}; fastest "
+        f"{min(times[2:]):.1f})"
     )
 
 

@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
+    # auto: rank 0 proposes up to SPEC_TOKENS tokens a row by prompt lookup and every rank
+    # verifies them in the step's one forward (engine/speculation.py)
+    speculative: Literal["auto", "off"] = "off"
+    spec_tokens: int = Field(default=4, ge=1, le=64)
     linear_layout: LinearLayout = "plain"
     # off: no native kernel (native/sgemm_rows.c) in any rank's preload (launcher/cpu_layer.py)
     native_kernels: Literal["auto", "off"] = "auto"

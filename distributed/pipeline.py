@@ -2,7 +2,8 @@
 
 Rank 0 embeds the tokens and runs the first layers, each later rank receives the hidden
 state from its left ring neighbour and sends its own to the right; the last stage
-applies the final norm to the last position and sends the result back to rank 0 (its
+applies the final norm to the last position (the last few in a speculative step,
+distributed/head_positions.py) and sends the result back to rank 0 (its
 right ring neighbour): logits when it holds an untied head, else the normed hidden state,
 to which rank 0 applies the tied embedding head. Every rank returns logits shaped
 [B, 1, V], correct on rank 0 only (zeros elsewhere). Masks and caches follow the family's own
@@ -31,6 +32,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from distributed.families import registered
+from distributed.head_positions import tail
 from distributed.plan import Plan
 from distributed.watchdog import EvalGuard, guarded_eval
 
@@ -119,9 +121,10 @@ class PipelineStage(nn.Module):
             shape = (batch, length, self.hidden_size)
             h = mx.distributed.recv(shape, self.hidden_dtype, self.rank - 1, group=self.group)
         h = self._run_layers(h, cache)
-        logits_shape = (batch, 1, self.vocab_size)
+        positions = tail()  # 1, or the positions a speculative step verifies
+        logits_shape = (batch, positions, self.vocab_size)
         if self.last:
-            out = self.norm(h[:, -1:, :])
+            out = self.norm(h[:, -positions:, :])
             if not self.tied:
                 out = self.lm_head(out)
             sent = mx.distributed.send(out.astype(mx.float32), 0, group=self.group)
@@ -132,7 +135,8 @@ class PipelineStage(nn.Module):
         if not self.first:
             return mx.zeros(logits_shape)
         width = self.hidden_size if self.tied else self.vocab_size
-        back = mx.distributed.recv((batch, 1, width), mx.float32, self.world - 1, group=self.group)
+        shape = (batch, positions, width)
+        back = mx.distributed.recv(shape, mx.float32, self.world - 1, group=self.group)
         logits = self._head(back.astype(self.hidden_dtype)) if self.tied else back
         self._eval(logits, "pipeline receive from the last stage")
         return logits
@@ -164,6 +168,6 @@ class MlxLmPipeline(nn.Module):
         # As in PipelineStage: the tokens first (they may come from rank 0's broadcast), then
         # this call's receive, send and all_gather, before another call queues its own.
         guarded_eval(inputs, self.eval_guard, "pipeline input")
-        logits = self.wrapped(inputs, cache=cache)[:, -1:, :]
+        logits = self.wrapped(inputs, cache=cache)[:, -tail() :, :]
         guarded_eval(logits, self.eval_guard, "pipeline step")
         return logits

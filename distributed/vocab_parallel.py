@@ -3,7 +3,8 @@
 Each rank keeps a contiguous range of vocabulary rows (sized by the plan) of the embedding
 table and of an untied head; a tied head is the embedding slice itself. Lookup: ids outside
 the slice give zero rows and one all_sum adds the slices. Head: each rank computes the
-logits of its rows for the last position only (the engine samples nothing else), pads them
+logits of its rows for the last position only (the engine samples nothing else; the last
+few in a speculative step, distributed/head_positions.py), pads them
 to the largest slice (all_gather needs the same shape on every rank: uneven shapes gave a
 wrong-sized result on rank 0 and a lost connection on rank 1) and gathers them, so every
 rank returns the full last-position logits [B, 1, V].
@@ -14,19 +15,22 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from distributed.head_positions import tail
 from distributed.slicing import keep_rows
 
 
 def gather_logits(local: mx.array, sizes: list[int], group: mx.distributed.Group) -> mx.array:
-    """[B, 1, n_rank] per rank -> [B, 1, V] on every rank (slices of uneven sizes)."""
+    """[B, P, n_rank] per rank -> [B, P, V] on every rank (slices of uneven sizes; P is 1,
+    or the positions of a speculative step)."""
     widest = max(sizes)
-    batch = local.shape[0]
-    rows = local.reshape(batch, -1)
+    batch, positions = local.shape[0], local.shape[1]
+    rows = local.reshape(batch * positions, -1)
     if rows.shape[-1] < widest:
         rows = mx.pad(rows, [(0, 0), (0, widest - rows.shape[-1])])
-    everyone = mx.distributed.all_gather(rows, group=group).reshape(len(sizes), batch, widest)
+    everyone = mx.distributed.all_gather(rows, group=group)
+    everyone = everyone.reshape(len(sizes), batch * positions, widest)
     parts = [everyone[r, :, :size] for r, size in enumerate(sizes)]
-    return mx.concatenate(parts, axis=-1)[:, None, :]
+    return mx.concatenate(parts, axis=-1).reshape(batch, positions, -1)
 
 
 class VocabEmbedding(nn.Module):
@@ -52,7 +56,7 @@ class VocabEmbedding(nn.Module):
         return mx.distributed.all_sum(rows, group=self.group)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return gather_logits(self.embedding.as_linear(x[:, -1:, :]), self.sizes, self.group)
+        return gather_logits(self.embedding.as_linear(x[:, -tail() :, :]), self.sizes, self.group)
 
 
 class VocabHead(nn.Module):
@@ -68,7 +72,7 @@ class VocabHead(nn.Module):
         self.group = group
 
     def __call__(self, x: mx.array) -> mx.array:
-        return gather_logits(self.head(x[:, -1:, :]), self.sizes, self.group)
+        return gather_logits(self.head(x[:, -tail() :, :]), self.sizes, self.group)
 
 
 def split_vocabulary(

@@ -4,7 +4,8 @@ KVCache merges into BatchKVCache, RotatingKVCache (sliding windows) into
 BatchRotatingKVCache, ArraysCache (recurrent state of linear attention) and CacheList
 (an attention cache beside an indexer's) into themselves. Left padding is set through
 `prepare` where the kind has it; ArraysCache's `prepare` takes lengths only, so its
-padding is set directly (its mask reads `left_padding`).
+padding is set directly (its mask reads `left_padding`). A speculative step's rejected
+positions roll back in plain BatchKVCache layers only (`roll_back`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, dynamic_roll
 
 
 def merged(per_sequence: Sequence[Sequence[Any]]) -> list[Any]:
@@ -40,3 +41,26 @@ def _pad(layer: Any, padding: list[int]) -> None:
         layer.offset = layer.offset - mx.array(padding)
     else:
         layer.prepare(left_padding=padding)
+
+
+def roll_back(layers: Sequence[Any], drops: list[int]) -> None:
+    """Drop the last `drops[i]` written positions of row i in every layer (the proposals a
+    speculative step wrote and rank 0 did not accept). A BatchKVCache shares one write
+    index across rows, so rows that drop more than the least are rolled right by the
+    difference (their content now ends where the others' does; the roll brings unused
+    buffer positions round to the left, marked as padding), then every row is trimmed by
+    the least. Only plain BatchKVCache layers roll back: a rotating window may have
+    overwritten what it would restore, and recurrent state cannot be unwound."""
+    least = min(drops)
+    shifts = mx.array([d - least for d in drops])
+    uneven = least != max(drops)
+    for layer in layers:
+        if type(layer) is not BatchKVCache:
+            raise TypeError(f"a {type(layer).__name__} cannot roll back positions")
+        if uneven and layer.keys is not None:
+            layer.keys = dynamic_roll(layer.keys, shifts[:, None], axis=2)
+            layer.values = dynamic_roll(layer.values, shifts[:, None], axis=2)
+            layer.left_padding = layer.left_padding + shifts
+            layer.offset = layer.offset - shifts
+        if least:
+            layer.trim(least)

@@ -5,6 +5,9 @@ their own KV cache, in chunks under a per-step token budget (PREFILL_CHUNK_SIZE)
 long prompt never stalls the running batch for long; when a prompt is done its cache
 joins the decode batch (a left-padded BatchKVCache per layer). A sequence may start from
 a prefix-cache entry (engine/prefix_store.py) and prefill only the rest of its prompt.
+A speculative step (engine/speculation.py) gives decoding rows the tokens rank 0 proposed
+after their next one: one eager forward over them all, right-padded to the widest row; the
+next plan says how many positions each row rolls back.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from distributed.head_positions import computing
 from distributed.watchdog import EvalGuard
-from engine.batch_caches import left_pad, merged
+from engine.batch_caches import left_pad, merged, roll_back
 from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.compiled_decode import CompiledDecode
 from engine.prefix_store import PrefixStore
@@ -56,8 +60,9 @@ class _Prefill:
         return self.prefix_len + self.position
 
 
-# Rank 0's sampling of a step: how to sample each row, given the rows' sequence ids.
-Sampling = Callable[[list[int]], Sequence[RowSampling]]
+# Rank 0's sampling of a step: how to sample each row, given the sequence ids and how many
+# positions each has in the step's logits (more than one in a speculative step).
+Sampling = Callable[[list[int], list[int]], Sequence[RowSampling]]
 
 
 @dataclass
@@ -65,14 +70,16 @@ class StepResult:
     """Every sequence that produced a next-token distribution this step: its logits, and
     on rank 0 (which samples inside the step) its sampled token.
 
-    `seq_ids[i]` owns row i: first the decode batch, then sequences whose prompt finished
-    prefilling this step (they join the decode batch in that order).
+    `seq_ids[i]` owns `widths[i]` consecutive rows (1, or a speculative step's positions):
+    first the decode batch, then sequences whose prompt finished prefilling this step (they
+    join the decode batch in that order).
     """
 
     seq_ids: list[int]
     logits: mx.array | None
     prefill_tokens: int = 0
     sampled: Sampled | None = None
+    widths: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -86,6 +93,7 @@ class PendingStep:
     prefill_tokens: int
     finished: list[tuple[list[_Prefill], mx.array, list | None]]
     arrays: list[mx.array]
+    widths: list[int]
 
     def wait(self) -> StepResult:
         """Wait for the step (under the collective watchdog); the prefilled join the batch."""
@@ -95,7 +103,7 @@ class PendingStep:
         for entries, _, batch_cache in self.finished:
             engine._join(entries, batch_cache)
         engine.step_index += 1
-        return StepResult(self.seq_ids, self.logits, self.prefill_tokens, self.sampled)
+        return StepResult(self.seq_ids, self.logits, self.prefill_tokens, self.sampled, self.widths)
 
 
 class BatchEngine:
@@ -117,6 +125,7 @@ class BatchEngine:
         self.decode_lengths: list[int] = []
         self._decode_cache: list | None = None
         self._next_tokens: list[int] = []
+        self._drafts: list[list[int]] = []
         self.prefilling: list[_Prefill] = []
         self.prefix = PrefixStore()
 
@@ -150,7 +159,9 @@ class BatchEngine:
             )
 
     def apply(self, plan: StepPlan) -> None:
-        """Evict, store, remove, set the next tokens, queue inserts (no forward yet)."""
+        """Roll back, evict, store, remove, set the next tokens, queue inserts (no forward)."""
+        if plan.rollbacks:
+            self._roll_back(plan.rollbacks)
         for entry in plan.evicts:
             self.prefix.drop(entry)
         for store in plan.stores:
@@ -175,8 +186,22 @@ class BatchEngine:
                 f"a decode batch of {len(self.decode_ids)} on this rank"
             )
         self._next_tokens = list(plan.tokens)
+        self._drafts = plan.drafts if any(plan.drafts) else []
         for insert in plan.inserts:
             self.prefilling.append(self._start(insert))
+
+    def _roll_back(self, drops: list[int]) -> None:
+        """Drop each decoding row's unaccepted positions from the previous step."""
+        if len(drops) != len(self.decode_ids) or self._decode_cache is None:
+            raise PlanMismatchError(
+                f"plan for step {self.step_index} rolls back {len(drops)} rows; this rank "
+                f"decodes {len(self.decode_ids)}"
+            )
+        try:
+            roll_back(self._decode_cache, drops)
+        except TypeError as exc:
+            raise PlanMismatchError(f"cannot roll back a speculative step: {exc}") from None
+        self.decode_lengths = [n - d for n, d in zip(self.decode_lengths, drops, strict=True)]
 
     def _start(self, insert: Insert) -> _Prefill:
         entry = _Prefill(insert.seq_id, insert.tokens, insert.prefix_len, insert.store_as)
@@ -216,7 +241,13 @@ class BatchEngine:
         tokens) and start computing it; the caller may work meanwhile, then `wait()`."""
         rows: list[mx.array] = []
         seq_ids = list(self.decode_ids)
-        if self._decode_cache is not None:
+        widths = [1] * len(seq_ids)
+        if self._decode_cache is not None and self._drafts:
+            width = 1 + max(len(d) for d in self._drafts)
+            rows.append(self._verify(width))
+            widths = [width] * len(seq_ids)
+            self.decode_lengths = [n + width for n in self.decode_lengths]
+        elif self._decode_cache is not None:
             inputs = mx.array(self._next_tokens, dtype=mx.uint32)[:, None]
             logits = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
             rows.append(logits if logits is not None else self._forward(inputs, self._decode_cache))
@@ -261,6 +292,7 @@ class BatchEngine:
         for entries, last, shared in finished:
             rows.append(last)
             seq_ids += [e.seq_id for e in entries]
+            widths += [1] * len(entries)
             pending += _cache_arrays(shared if shared is not None else entries[0].cache)
         if len(group) > 1:
             stored += self._store_group(group, finished[0][2])
@@ -280,10 +312,23 @@ class BatchEngine:
             with self._guarded():
                 mx.async_eval(arrays)
                 if sampling is not None:
-                    sampled = sample(output, sampling(seq_ids))
+                    sampled = sample(output, sampling(seq_ids, widths))
                     arrays += sampled.arrays()
                     mx.async_eval(sampled.arrays())
-        return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays)
+        return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays, widths)
+
+    def _verify(self, width: int) -> mx.array:
+        """One eager forward over each decoding row's next token and its draft, padded on
+        the right to `width` with the next token (the padding's logits are never used, and
+        the next plan rolls its positions back): [rows x width, V], row-major."""
+        inputs = [
+            [token, *draft, *[token] * (width - 1 - len(draft))]
+            for token, draft in zip(self._next_tokens, self._drafts, strict=True)
+        ]
+        with computing(width):
+            logits = self.model(mx.array(inputs, dtype=mx.uint32), cache=self._decode_cache)
+        logits = logits[:, -width:, :]
+        return logits.reshape(-1, logits.shape[-1])
 
     def _fresh_group(self, budget: int | None) -> list[_Prefill]:
         """Leading unstarted short prompts (at most one chunk each) that fit `budget`

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from distributed.head_positions import tail
 from engine.cpu_linear import TransposedEmbedding, TransposedLinear, ties_head
 
 HEADS = (nn.Linear, nn.QuantizedLinear, TransposedLinear)
@@ -38,10 +39,11 @@ class _Wrapper(nn.Module):
 
 
 class LastPositionHead(_Wrapper):
-    """An untied head applied to the last position: [B, L, D] -> [B, 1, V]."""
+    """An untied head applied to the last position (the last `tail()` in a speculative
+    step): [B, L, D] -> [B, 1, V]."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.inner(x[:, -1:, :])
+        return self.inner(x[:, -tail() :, :])
 
 
 class LastPositionTiedHead(_Wrapper):
@@ -51,7 +53,7 @@ class LastPositionTiedHead(_Wrapper):
         return self.inner(ids)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return self.inner.as_linear(x[:, -1:, :])
+        return self.inner.as_linear(x[:, -tail() :, :])
 
 
 def head_on_last_position(model: nn.Module) -> bool:

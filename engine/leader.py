@@ -154,6 +154,7 @@ class Leader:
             counters=self.counters.model_copy(),
             kv_tokens=self.engine.kv_tokens,
             prefix_cache=self.scheduler.prefix.stats(),
+            speculation=self.scheduler.speculator.stats(),
             max_sequence_length=self.scheduler.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
         )
@@ -270,10 +271,12 @@ class Leader:
         result = step.wait()
         computed = time.perf_counter()
         self.last_work = time.monotonic()
+        accepted = scheduler.speculator.totals.accepted
         scheduler.on_result(result)
+        accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
         scheduler.prefix.bytes = engine.prefix.nbytes
         self.counters.steps += 1
-        self.counters.decode_tokens += len(plan.tokens)
+        self.counters.decode_tokens += len(plan.tokens) + accepted
         self.counters.prefill_tokens += result.prefill_tokens
         self._flush()
         done = time.perf_counter()
@@ -305,11 +308,12 @@ class Leader:
     ) -> None:
         started, planned, streamed_first, launched, streamed, computed, done = times
         log.debug(
-            "step %d: decode %d, prefill %d tokens; total %.2f ms = plan+broadcast "
+            "step %d: decode %d (+%d proposed), prefill %d tokens; total %.2f ms = plan+broadcast "
             "%.2f (all_sum %.2f) + build %.2f + stream %.2f + wait %.2f (all_sum %.2f in %d) "
             "+ take %.2f",
             plan.step,
             len(plan.tokens),
+            sum(len(draft) for draft in plan.drafts),
             prefill,
             (done - started) * 1000,
             (planned - started) * 1000,

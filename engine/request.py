@@ -18,6 +18,7 @@ from engine.answer import AnswerStream, Piece
 from engine.constraints import TokenConstraint
 from engine.detokenize import token_bytes
 from engine.sampler import RequestSampler, Sample
+from engine.speculation import Figures
 from ipc.protocol import (
     Delta,
     Done,
@@ -54,6 +55,7 @@ class Request:
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: str | None = None  # it left the batch (why)
     ended: bool = False  # its Done (or Error) went out: nothing more is streamed
+    speculation: Figures = field(default_factory=Figures)  # proposed, accepted, steps
 
     @property
     def max_tokens(self) -> int:
@@ -135,6 +137,9 @@ class Request:
                     (completion - 1) / decode_time if completion > 1 and decode_time > 0 else 0.0
                 ),
                 total_time_s=end - self.arrived,
+                proposed_tokens=self.speculation.proposed,
+                accepted_tokens=self.speculation.accepted,
+                decode_steps=self.speculation.steps,
             ),
         )
 

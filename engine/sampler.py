@@ -46,15 +46,16 @@ class RequestSampler:
         self._seen = dict.fromkeys(prompt_tokens)  # ordered set: repetition penalty
         self._counts: dict[int, int] = {}  # answer tokens: presence and frequency
 
-    def row(self) -> RowSampling:
-        """How to sample this request's next token."""
+    def row(self, offset: int = 0) -> RowSampling:
+        """How to sample this request's next token (with `offset`, the token that many
+        after it: a speculative step's later positions, engine/speculation.py)."""
         p = self.params
         return RowSampling(
             temperature=p.temperature or 0.0,
             top_k=p.top_k or 0,
             top_p=p.top_p or 1.0,
             min_p=p.min_p or 0.0,
-            seed=token_seed(self.seed, self.drawn),
+            seed=token_seed(self.seed, self.drawn + offset),
             repetition_penalty=p.repetition_penalty,
             seen=list(self._seen) if p.repetition_penalty != 1.0 else (),
             presence_penalty=p.presence_penalty,

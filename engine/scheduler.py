@@ -24,6 +24,7 @@ from engine.request import Ending, Request
 from engine.request_setup import Refusal, RequestSetup, SetupResult
 from engine.sampler import RequestSampler, Sample
 from engine.sampling_defaults import SamplingDefaults
+from engine.speculation import Speculator
 from engine.step_plan import StepPlan
 from ipc.protocol import (
     Done,
@@ -55,11 +56,13 @@ class Scheduler:
         grammar: GrammarTokens | None = None,
         defaults: SamplingDefaults | None = None,
         vocab_size: int | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.setup = RequestSetup(tokenizer, grammar, vocab_size)
         self.defaults = defaults or SamplingDefaults()
         self.prefix = prefix or PrefixCache(0)
+        self.speculator = speculator or Speculator(0)
         self.max_batch_size = max_batch_size
         self.max_sequence_length = max_sequence_length
         self.eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -188,9 +191,12 @@ class Scheduler:
     def build_plan(self, engine: BatchEngine) -> StepPlan:
         """The next plan: prefix-cache stores and evictions, removes, next tokens of the
         decode batch, admitted inserts (a request may wait for a prefix being stored)."""
+        rollbacks = self.speculator.rollbacks(engine.decode_ids)
         removes, self.to_remove = self.to_remove, []
         removed = set(removes)
-        tokens = [self.next_token.pop(s) for s in engine.decode_ids if s not in removed]
+        decoding = [s for s in engine.decode_ids if s not in removed]
+        tokens = [self.next_token.pop(s) for s in decoding]
+        drafts = self.speculator.drafts(decoding, self.active)
         for seq_id in removed:
             self.next_token.pop(seq_id, None)
         ops = PlanOps()
@@ -230,6 +236,8 @@ class Scheduler:
             inserts=inserts,
             stores=ops.stores,
             evicts=ops.evicts,
+            drafts=drafts,
+            rollbacks=rollbacks,
         )
 
     def idle_plan(self, engine: BatchEngine, stop: bool = False) -> StepPlan:
@@ -243,10 +251,13 @@ class Scheduler:
 
     # ---- sampling and results ---------------------------------------------------
 
-    def sampling_rows(self, seq_ids: list[int]) -> list[RowSampling]:
-        """How to sample each row of a step (the engine asks while it builds the step)."""
-        rows = []
-        for seq_id in seq_ids:
+    def sampling_rows(
+        self, seq_ids: list[int], widths: list[int] | None = None
+    ) -> list[RowSampling]:
+        """How to sample each row of a step (the engine asks while it builds the step);
+        `widths`: each sequence's positions (default one each)."""
+        rows: list[RowSampling] = []
+        for seq_id, width in zip(seq_ids, widths or [1] * len(seq_ids), strict=True):
             request = self.active.get(seq_id)
             row = RowSampling()  # any token will do: the sequence leaves next step
             if request is not None and not request.finished:
@@ -255,6 +266,8 @@ class Scheduler:
                 except Exception as exc:  # one request's trouble must never stop the loop
                     self._fail(request, exc)
             rows.append(row)
+            if width > 1:  # a speculative step's later positions
+                rows += self.speculator.sampling(seq_id, width, request)
         return rows
 
     def on_result(self, result: StepResult) -> None:
@@ -263,26 +276,40 @@ class Scheduler:
         if result.sampled is None:
             return
         now = time.monotonic()
-        for seq_id, (token, logprob, top) in zip(
-            result.seq_ids, result.sampled.rows(), strict=True
-        ):
+        rows, at = result.sampled.rows(), 0
+        widths = result.widths or [1] * len(result.seq_ids)
+        for seq_id, width in zip(result.seq_ids, widths, strict=True):
+            run, at = rows[at : at + width], at + width
             request = self.active.get(seq_id)
-            self.next_token[seq_id] = token
+            if width > 1:  # a speculative step: the accepted run (engine/speculation.py)
+                run = run[: self.speculator.accept(seq_id, [r[0] for r in run], request)]
+            self.next_token[seq_id] = run[-1][0]
             if request is None or request.finished:
                 continue  # removed next step
-            params = request.submit.params
-            sample = Sample(token, logprob if params.logprobs else None, top[: params.top_logprobs])
-            if request.first_token_at is None:
-                request.first_token_at = now
-                self.prefix.prefilled(seq_id)
-            try:
-                ending = request.take(token, self.eos_ids)
-            except Exception as exc:
-                self._fail(request, exc)
-                continue
-            self.streaming.append((request, sample, ending))
-            if ending is not None:
-                self._leave(request, "length" if ending == "length" else "stop")
+            if request.first_token_at is not None:
+                self.speculator.count(request, len(run))
+            for token, logprob, top in run:
+                if not self._take(request, token, logprob, top, now):
+                    break
+
+    def _take(
+        self, request: Request, token: int, logprob: float | None, top: list, now: float
+    ) -> bool:
+        """Take one sampled token of a request; False once the request ended."""
+        params = request.submit.params
+        sample = Sample(token, logprob if params.logprobs else None, top[: params.top_logprobs])
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.prefix.prefilled(request.seq_id)
+        try:
+            ending = request.take(token, self.eos_ids)
+        except Exception as exc:
+            self._fail(request, exc)
+            return False
+        self.streaming.append((request, sample, ending))
+        if ending is not None:
+            self._leave(request, "length" if ending == "length" else "stop")
+        return ending is None
 
     def stream_pending(self) -> None:
         """Text, reasoning and tool calls of the tokens taken so far, as messages."""

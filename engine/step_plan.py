@@ -4,10 +4,13 @@ Layout (little endian): header `<BBQQHHHHH` = version, flags, step, fingerprint,
 len(removes), len(tokens), len(inserts), len(stores), len(evicts); then removes and tokens
 as uint32 arrays; each insert as `<IIIII` (seq id, prefix entry, prefix length, store-as
 entry, token count) followed by its uint32 tokens; each store as `<III` (seq id, entry,
-length); evicts as a uint32 array.
+length); evicts as a uint32 array; with FLAG_ROLLBACKS, a uint16 count and the rollbacks
+as a uint16 array; with FLAG_DRAFTS, one uint8 count per next token, then all the drafts'
+tokens as one uint32 array. A plan of a step that does not speculate is as long as in
+version 2.
 `fingerprint` describes the batch and the prefix entries every rank must hold *before*
-applying the plan. Every rank applies a plan in one order: evicts, stores, removes, next
-tokens, inserts.
+applying the plan. Every rank applies a plan in one order: rollbacks, evicts, stores,
+removes, next tokens (with their drafts), inserts.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3  # 3: speculative steps (drafts and rollbacks)
 FLAG_STOP = 1
 FLAG_SLEEP = 2
+FLAG_DRAFTS = 4
+FLAG_ROLLBACKS = 8
+MAX_DRAFT = 255  # tokens proposed for one row (a uint8 count)
 
 _HEADER = struct.Struct("<BBQQHHHHH")
 _INSERT = struct.Struct("<IIIII")
@@ -61,6 +67,10 @@ class StepPlan:
     inserts: sequences to start prefilling.
     stores: decoding sequences whose KV becomes a prefix entry (before their removal).
     evicts: prefix entries every rank drops.
+    drafts: per next token (empty, or as many lists as `tokens`), the tokens rank 0 proposes
+        after it: the row's forward takes them as further positions (engine/speculation.py).
+    rollbacks: per decoding sequence as held before this plan (empty: none), how many of the
+        positions the previous step wrote it drops: the proposals rank 0 did not accept.
     """
 
     step: int
@@ -70,12 +80,24 @@ class StepPlan:
     inserts: list[Insert] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
     evicts: list[int] = field(default_factory=list)
+    drafts: list[list[int]] = field(default_factory=list)
+    rollbacks: list[int] = field(default_factory=list)
     stop: bool = False
     sleep: bool = False
 
     def encode(self) -> bytes:
         """Serialize to bytes (no pickle)."""
         flags = (FLAG_STOP if self.stop else 0) | (FLAG_SLEEP if self.sleep else 0)
+        drafted = any(self.drafts)
+        flags |= FLAG_ROLLBACKS if self.rollbacks else 0
+        if drafted:
+            flags |= FLAG_DRAFTS
+            if len(self.drafts) != len(self.tokens):
+                raise ValueError(
+                    f"{len(self.drafts)} drafts for {len(self.tokens)} next tokens: one each"
+                )
+            if max(len(d) for d in self.drafts) > MAX_DRAFT:
+                raise ValueError(f"a row's draft holds at most {MAX_DRAFT} tokens")
         parts = [
             _HEADER.pack(
                 PLAN_VERSION,
@@ -98,6 +120,14 @@ class StepPlan:
             parts.append(struct.pack(f"<{len(i.tokens)}I", *i.tokens))
         parts += [_STORE.pack(s.seq_id, s.entry, s.length) for s in self.stores]
         parts.append(struct.pack(f"<{len(self.evicts)}I", *self.evicts))
+        if self.rollbacks:
+            parts.append(
+                struct.pack(f"<H{len(self.rollbacks)}H", len(self.rollbacks), *self.rollbacks)
+            )
+        if drafted:
+            parts.append(bytes(len(d) for d in self.drafts))
+            flat = [t for d in self.drafts for t in d]
+            parts.append(struct.pack(f"<{len(flat)}I", *flat))
         return b"".join(parts)
 
     @classmethod
@@ -130,6 +160,18 @@ class StepPlan:
                 offset += _STORE.size
             evicts = list(struct.unpack_from(f"<{n_ev}I", data, offset))
             offset += 4 * n_ev
+            rollbacks: list[int] = []
+            if flags & FLAG_ROLLBACKS:
+                (n_rb,) = struct.unpack_from("<H", data, offset)
+                rollbacks = list(struct.unpack_from(f"<{n_rb}H", data, offset + 2))
+                offset += 2 + 2 * n_rb
+            drafts: list[list[int]] = []
+            if flags & FLAG_DRAFTS:
+                counts = struct.unpack_from(f"<{n_tok}B", data, offset)
+                offset += n_tok
+                for count in counts:
+                    drafts.append(list(struct.unpack_from(f"<{count}I", data, offset)))
+                    offset += 4 * count
         except struct.error as exc:
             raise PlanDecodeError(f"truncated or malformed step plan: {exc}") from None
         if offset != len(data):
@@ -142,6 +184,8 @@ class StepPlan:
             inserts=inserts,
             stores=stores,
             evicts=evicts,
+            drafts=drafts,
+            rollbacks=rollbacks,
             stop=bool(flags & FLAG_STOP),
             sleep=bool(flags & FLAG_SLEEP),
         )

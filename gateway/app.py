@@ -54,6 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = metrics.Metrics(
         lambda: client.status.prefix_cache if client.status is not None else None,
         telemetry.rates,
+        lambda: client.status.speculation if client.status is not None else None,
     )
     app.state.responses = ResponseStore(settings.response_store_bytes)
     app.state.started_at = int(time.time())

@@ -162,6 +162,11 @@ class Timings(BaseModel):
     prompt_tokens_per_second: float
     generation_tokens_per_second: float
     total_time_s: float
+    # speculative decoding (engine/speculation.py): tokens proposed for this answer, those
+    # accepted, and the decode steps that gave it tokens (its tokens per step)
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_steps: int = 0
 
 
 # ---- client -> server ----------------------------------------------------------------

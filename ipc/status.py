@@ -62,6 +62,19 @@ class Counters(BaseModel):
     prefill_tokens: int = 0
 
 
+class SpeculationStats(BaseModel):
+    """Rank 0's speculative decoding (engine/speculation.py): whether it runs (or why not)
+    and its totals since it started."""
+
+    enabled: bool = False
+    reason: str = ""  # why it is off
+    spec_tokens: int = 0  # the most tokens proposed for a row in a step
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0  # accepted / proposed
+    tokens_per_step: float = 0.0  # tokens a decoding row took per step
+
+
 class Status(BaseModel):
     """Rank 0's view of the cluster, for /health, /model/info and /cluster/status."""
 
@@ -85,5 +98,6 @@ class Status(BaseModel):
     kv_tokens: int = 0  # tokens in the running batch's KV cache (on every rank)
     loading: list[LoadProgress] = Field(default_factory=list)  # per rank, while loading
     prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
+    speculation: SpeculationStats = Field(default_factory=SpeculationStats)
     max_sequence_length: int = 0
     uptime_s: float = 0.0

@@ -78,3 +78,17 @@ def test_token_count_must_match_the_decode_batch():
     engine = BatchEngine(None, 16)
     with pytest.raises(PlanMismatchError, match="next tokens"):
         engine.apply(_plan_for(engine, tokens=[1]))
+
+
+@given(
+    tokens=st.lists(ids, min_size=1, max_size=20),
+    data=st.data(),
+    rollbacks=st.lists(st.integers(min_value=1, max_value=2**16 - 1), max_size=20),
+)
+def test_speculative_plan_round_trips(tokens, data, rollbacks):
+    drafts = [data.draw(st.lists(ids, max_size=8)) for _ in tokens]
+    drafts = drafts if any(drafts) else []  # all empty: a step that does not speculate
+    plan = StepPlan(1, 2, tokens=tokens, drafts=drafts, rollbacks=rollbacks)
+    assert StepPlan.decode(plan.encode()) == plan
+    without = StepPlan(1, 2, tokens=tokens)
+    assert len(without.encode()) < len(plan.encode()) or not (drafts or rollbacks)

@@ -182,14 +182,27 @@ class Performance(BaseModel):
     prompt_tokens_per_second: float
     generation_tokens_per_second: float
     total_time: float = Field(description="seconds from arrival to the last token")
+    proposed_tokens: int = Field(0, description="speculative decoding: tokens proposed")
+    accepted_tokens: int = Field(0, description="speculative decoding: proposals accepted")
+    acceptance_rate: float = Field(0.0, description="accepted_tokens / proposed_tokens")
+    tokens_per_step: float = Field(0.0, description="tokens per decode step after the first")
 
     @classmethod
     def of(cls, timings: Timings) -> Performance:
+        proposed, accepted, steps = (
+            timings.proposed_tokens,
+            timings.accepted_tokens,
+            timings.decode_steps,
+        )
         return cls(
             time_to_first_token=round(timings.time_to_first_token_s, 6),
             prompt_tokens_per_second=round(timings.prompt_tokens_per_second, 3),
             generation_tokens_per_second=round(timings.generation_tokens_per_second, 3),
             total_time=round(timings.total_time_s, 6),
+            proposed_tokens=proposed,
+            accepted_tokens=accepted,
+            acceptance_rate=round(accepted / proposed, 4) if proposed else 0.0,
+            tokens_per_step=round((steps + accepted) / steps, 4) if steps else 0.0,
         )
 
 

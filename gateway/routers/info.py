@@ -79,5 +79,6 @@ async def cluster_status(request: Request) -> dict[str, Any]:
         "last_step_ms": status.last_step_ms,
         "uptime_s": status.uptime_s,
         "prefix_cache": status.prefix_cache.model_dump(),
+        "speculation": status.speculation.model_dump(),
         "plan": status.plan,
     }

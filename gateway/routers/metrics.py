@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.telemetry import Sample
-from ipc.status import PrefixCacheStats
+from ipc.status import PrefixCacheStats, SpeculationStats
 
 router = APIRouter(tags=["metrics"])
 
@@ -46,6 +46,23 @@ def prefix_cache_families(stats: PrefixCacheStats) -> Iterator[Metric]:
     """Rank 0's prefix-cache counters and gauges."""
     for family, name, text in _PREFIX_CACHE_FAMILIES:
         yield family(f"prefix_cache_{name}", text, value=getattr(stats, name))
+
+
+# Rank 0's speculative decoding: (family, name after "speculation_", help), counters first.
+_SPECULATION_FAMILIES: tuple[
+    tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str], ...
+] = (
+    (CounterMetricFamily, "proposed_tokens", "Tokens proposed by prompt lookup"),
+    (CounterMetricFamily, "accepted_tokens", "Proposed tokens the model accepted"),
+    (GaugeMetricFamily, "acceptance_rate", "Accepted over proposed tokens since the start"),
+    (GaugeMetricFamily, "tokens_per_step", "Tokens a decoding row took per step"),
+)
+
+
+def speculation_families(stats: SpeculationStats) -> Iterator[Metric]:
+    """Rank 0's speculative-decoding totals (engine/speculation.py)."""
+    for family, name, text in _SPECULATION_FAMILIES:
+        yield family(f"speculation_{name}", text, value=getattr(stats, name))
 
 
 def rate_families(sample: Sample) -> Iterator[Metric]:
@@ -85,10 +102,12 @@ class Metrics:
         self,
         prefix_stats: Callable[[], PrefixCacheStats | None] = lambda: None,
         rates: Callable[[], Sample | None] = lambda: None,
+        speculation: Callable[[], SpeculationStats | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(ScrapeCollector(prefix_stats, prefix_cache_families))
+        r.register(ScrapeCollector(speculation, speculation_families))
         r.register(ScrapeCollector(rates, rate_families))
         self.requests = Counter(
             "api_requests", "HTTP requests by route and status", ["route", "status"], registry=r

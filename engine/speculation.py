@@ -1,0 +1,200 @@
+"""Rank 0's speculative decoding by prompt lookup: proposals, acceptance, rollbacks, figures.
+
+Each step rank 0 may propose, for a decoding row, up to SPEC_TOKENS tokens to follow its
+next token: the continuation of the latest earlier place where the row's last n tokens
+(n from NGRAM_MAX down to NGRAM_MIN) occurred in its prompt or answer. Edits and tool
+arguments repeat their input, so such places are common. The proposals travel in the step
+plan; every rank runs one forward over each row's next token and its proposals
+(engine/batch_engine.py), and rank 0 samples every position as if it were the next token:
+position j with the key of the request's (drawn + j)-th token.
+
+Acceptance: proposal j+1 is kept while it equals what position j sampled; the row takes the
+kept proposals and the token sampled after the last of them, and the next plan rolls back
+the rest of the positions the step wrote. Greedy rows: the argmax, so the answer is the one
+speculation off gives. Sampled rows: position j's draw is a Gumbel-max draw from the
+model's distribution p (after temperature, top_k, top_p, min_p), keyed as the token would be
+without speculation. The proposal t is kept exactly when that draw is t: probability p(t),
+the speculative-sampling papers' acceptance for a proposal distribution that is a point mass
+on t (min(1, p(t)/q(t)) with q(t) = 1); when rejected, the draw is some other token, whose
+distribution given "not t" is p with t removed and renormalised: the papers' residual
+max(0, p - q), normalised. So every token follows p, and a seeded request gives the same
+tokens whatever shares its batch, and whether or not speculation is on.
+
+Rows with penalties, a grammar or logprobs do not speculate (their sampling of position j
+would depend on the tokens before it); nor does a model whose caches cannot roll back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_lm.models.cache import KVCache
+
+from engine.batch_sampler import RowSampling
+from ipc.status import SpeculationStats
+
+log = logging.getLogger("ring.speculation")
+
+NGRAM_MAX = 4  # the longest suffix matched
+NGRAM_MIN = 2  # shorter suffixes propose too often to pay (one token matches anywhere)
+
+
+class NgramIndex:
+    """A row's tokens so far and, for each n-gram length, where the latest occurrence of
+    each n-gram was followed by a token (the start of its continuation)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.after: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the position `token` takes
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if end >= n:
+                    self.after[tuple(self.tokens[end - n : end])] = end
+            self.tokens.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to `limit` tokens continuing the longest suffix that occurred before."""
+        if limit <= 0:
+            return []
+        for n in range(min(NGRAM_MAX, len(self.tokens)), NGRAM_MIN - 1, -1):
+            start = self.after.get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return self.tokens[start : start + limit]
+        return []
+
+
+@dataclass
+class Figures:
+    """Proposed and accepted tokens, and the decode steps that took them."""
+
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0  # steps that gave this row (or the cluster) tokens
+    tokens: int = 0  # tokens those steps gave
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+
+def can_speculate(request: Any) -> bool:
+    """Whether a request's position j samples without the tokens before it: no penalties,
+    grammar or logprobs."""
+    params = request.submit.params
+    return (
+        request.constraint is None
+        and not params.logprobs
+        and params.repetition_penalty == 1.0
+        and not params.presence_penalty
+        and not params.frequency_penalty
+    )
+
+
+@dataclass
+class Speculator:
+    """Rank 0's proposals and what came of them; `tokens` 0 (or a `refusal`): off."""
+
+    tokens: int
+    refusal: str | None = None
+    totals: Figures = field(default_factory=Figures)
+    _index: dict[int, NgramIndex] = field(default_factory=dict)
+    _drafts: dict[int, list[int]] = field(default_factory=dict)  # the step's, by seq id
+    _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
+
+    @property
+    def enabled(self) -> bool:
+        return self.tokens > 0 and self.refusal is None
+
+    def stats(self) -> SpeculationStats:
+        """The totals, for status."""
+        totals = self.totals
+        return SpeculationStats(
+            enabled=self.enabled,
+            reason=self.refusal or ("" if self.enabled else "SPECULATIVE=off"),
+            spec_tokens=self.tokens,
+            proposed_tokens=totals.proposed,
+            accepted_tokens=totals.accepted,
+            acceptance_rate=round(totals.acceptance_rate, 4),
+            tokens_per_step=round(totals.tokens_per_step, 4),
+        )
+
+    def drafts(self, seq_ids: list[int], requests: dict[int, Any]) -> list[list[int]]:
+        """The proposals of the next step's decode rows (all empty: none this step)."""
+        self._drafts = {}
+        for gone in [s for s in self._index if s not in requests]:
+            del self._index[gone]
+        if not self.enabled:
+            return []
+        out = []
+        for seq_id in seq_ids:
+            request = requests.get(seq_id)
+            draft: list[int] = []
+            if request is not None and not request.finished and can_speculate(request):
+                index = self._index.setdefault(seq_id, NgramIndex())
+                history = [*request.prompt, *request.generated]
+                index.extend(history[len(index.tokens) :])
+                room = request.max_tokens - len(request.generated) - 1
+                draft = index.propose(min(self.tokens, room))
+            self._drafts[seq_id] = draft
+            out.append(draft)
+        return out if any(out) else []
+
+    def rollbacks(self, decode_ids: list[int]) -> list[int]:
+        """Per decoding row (before the plan's removes), the positions it drops."""
+        if not self._drops:
+            return []
+        drops = [self._drops.get(seq_id, 0) for seq_id in decode_ids]
+        self._drops = {}
+        return drops if any(drops) else []
+
+    def sampling(self, seq_id: int, width: int, request: Any) -> list[RowSampling]:
+        """How to sample a row's positions after its first in a step `width` wide: its
+        draft's with the keys of the request's later tokens, the padding after them
+        greedily (what it samples is never read)."""
+        drafted = len(self._drafts.get(seq_id, ()))
+        if request is None or request.finished:
+            drafted = 0
+        rows = [request.sampler.row(offset) for offset in range(1, 1 + drafted)]
+        return rows + [RowSampling()] * (width - 1 - drafted)
+
+    def accept(self, seq_id: int, drawn: list[int], request: Any) -> int:
+        """How many of a row's sampled positions it takes: the proposals equal to what the
+        position before sampled, and one more. The rest roll back at the next plan."""
+        draft = self._drafts.get(seq_id, [])
+        kept = 0
+        while kept < len(draft) and drawn[kept] == draft[kept]:
+            kept += 1
+        self._drops[seq_id] = len(drawn) - 1 - kept
+        for figures in self._figures(request):
+            figures.proposed += len(draft)
+            figures.accepted += kept
+        return kept + 1
+
+    def count(self, request: Any, taken: int) -> None:
+        """A decode step gave `request` `taken` tokens."""
+        for figures in self._figures(request):
+            figures.steps += 1
+            figures.tokens += taken
+
+    def _figures(self, request: Any) -> list[Figures]:
+        return [self.totals] + ([request.speculation] if request is not None else [])
+
+
+def rollback_refusal(caches: list[Any], sliding_layers: tuple[int, ...]) -> str | None:
+    """Why speculation cannot run with these caches (rank 0's, one per layer it holds; and
+    the model's sliding-window layers, which pipeline ranks may hold): None when it can."""
+    if sliding_layers:
+        return "sliding-window layers keep rotating caches, which cannot roll back positions"
+    kinds = sorted({type(cache).__name__ for cache in caches if type(cache) is not KVCache})
+    if kinds:
+        return f"{', '.join(kinds)} caches cannot roll back positions (only plain KV caches)"
+    return None

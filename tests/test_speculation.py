@@ -1,0 +1,139 @@
+"""Speculative decoding in one process: rank 0's scheduler and the batch engine, stepped as
+the leader steps them (without the broadcast), on a tiny random model.
+
+Greedy and seeded answers are the same with speculation on and off (the rows of a batch
+accepting different runs, their rejected positions rolled back); sampled answers keep the
+model's distribution over many draws with different seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+from mlx_lm.utils import load_model, load_tokenizer
+
+from engine.batch_engine import BatchEngine
+from engine.scheduler import Scheduler
+from engine.speculation import NgramIndex, Speculator
+from engine.step_plan import StepPlan
+from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
+from tests.support.tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = write_tiny_model(tmp_path_factory.mktemp("tiny"), never_stops=True)
+    return load_model(directory)[0], load_tokenizer(directory)
+
+
+def generate(tiny, submits: list[Submit], spec_tokens: int, batch: int = 8) -> dict:
+    """Run `submits` to the end, `batch` at a time; {id: (token ids, Done)}."""
+    model, tokenizer = tiny
+    scheduler = Scheduler(tokenizer, batch, 512, speculator=Speculator(spec_tokens))
+    engine = BatchEngine(model, 256)
+    for submit in submits:
+        scheduler.submit("conn", submit)
+    tokens: dict[str, list[int]] = {s.id: [] for s in submits}
+    done: dict[str, Done] = {}
+    while scheduler.has_work(engine):
+        plan = StepPlan.decode(scheduler.build_plan(engine).encode())
+        engine.apply(plan)
+        scheduler.on_result(engine.run(scheduler.sampling_rows))
+        scheduler.stream_pending()
+        for _, message in scheduler.outbox:
+            assert not isinstance(message, Error), message
+            if isinstance(message, Delta):
+                tokens[message.id] += message.token_ids
+            elif isinstance(message, Done):
+                done[message.id] = message
+        scheduler.outbox = []
+    return {key: (tokens[key], done[key]) for key in tokens}
+
+
+def request(request_id: str, prompt: str, max_tokens: int = 40, **params) -> Submit:
+    params = {"max_tokens": max_tokens, "temperature": 0.0, **params}
+    return Submit(id=request_id, prompt=prompt, params=SamplingParams(**params))
+
+
+def test_prompt_lookup_proposes_the_latest_continuation():
+    index = NgramIndex()
+    index.extend([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 2, 3])
+    assert index.propose(3) == [5, 6, 7]  # (2, 3) last came before 5; (7, 2, 3) never did
+    index.extend([5])
+    assert index.propose(2) == [6, 7]  # (2, 3, 5) occurred: its continuation
+    assert index.propose(0) == []
+    lone = NgramIndex()
+    lone.extend([1, 2, 3])
+    assert lone.propose(4) == []
+
+
+def test_greedy_and_seeded_answers_are_the_same_with_speculation(tiny):
+    submits = [
+        request("loop", "abcabcabc"),
+        request("text", "the cat sat on the mat, the cat"),
+        request("penalty", "abab", repetition_penalty=1.3),  # never proposes
+        request("seeded", "hello hello", temperature=0.4, top_k=20, seed=3),
+        request("short", "xyz", max_tokens=5),
+    ]
+    off = generate(tiny, submits, spec_tokens=0)
+    for spec_tokens in (1, 4):
+        on = generate(tiny, submits, spec_tokens=spec_tokens)
+        assert {k: v[0] for k, v in on.items()} == {k: v[0] for k, v in off.items()}
+        timings = {k: v[1].timings for k, v in on.items()}
+        assert timings["penalty"].proposed_tokens == 0
+        assert timings["loop"].accepted_tokens > 0
+        assert sum(t.proposed_tokens - t.accepted_tokens for t in timings.values()) > 0
+        assert all(len(on[k][0]) == s.params.max_tokens for k, s in zip(on, submits, strict=True))
+    alone = generate(tiny, [submits[3]], spec_tokens=4)  # a seeded answer, alone
+    assert alone["seeded"][0] == off["seeded"][0]
+
+
+def chi_square_z(first: Counter, second: Counter) -> float:
+    """Two-sample chi-square of two samples' category counts, as a z-score
+    (Wilson-Hilferty); categories seen fewer than 10 times in all are pooled."""
+    n1, n2 = sum(first.values()), sum(second.values())
+    pooled = Counter({k: first[k] + second[k] for k in first | second})
+    rare = [k for k, n in pooled.items() if n < 10]
+    for sample in (first, second, pooled):
+        sample["rare"] = sum(sample.pop(k, 0) for k in rare)
+    categories = [k for k in pooled if pooled[k]]
+    statistic = 0.0
+    for k in categories:
+        for sample, size in ((first, n1), (second, n2)):
+            expected = pooled[k] * size / (n1 + n2)
+            statistic += (sample[k] - expected) ** 2 / expected
+    dof = len(categories) - 1
+    return ((statistic / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+
+
+def test_sampled_answers_keep_the_models_distribution(tiny):
+    """Many seeds with speculation on against other seeds with it off: the tokens at answer
+    positions where the answers loop (and proposals are accepted or rejected) are drawn
+    alike. At temperature 0.3 the tiny model loops often enough to propose."""
+    draws, length = 320, 24
+
+    def sampled(seeds: range, spec_tokens: int) -> dict:
+        submits = [
+            request(f"s{seed}", "abcabcabc", max_tokens=length, temperature=0.3, seed=seed)
+            for seed in seeds
+        ]
+        return generate(tiny, submits, spec_tokens, batch=64)
+
+    on = sampled(range(draws), spec_tokens=4)
+    off = sampled(range(draws, 2 * draws), spec_tokens=0)
+    proposed = sum(done.timings.proposed_tokens for _, done in on.values())
+    accepted = sum(done.timings.accepted_tokens for _, done in on.values())
+    assert draws < accepted < proposed - draws  # many accepted, many rejected
+    positions = (4, 8, 12, 16, 20, 23)
+    for position in positions:
+        z = chi_square_z(
+            Counter(tokens[position] for tokens, _ in on.values()),
+            Counter(tokens[position] for tokens, _ in off.values()),
+        )
+        assert z < 4.0, f"answer position {position}: z = {z:.2f}"
+    # and the test can tell: the same draws against the greedy answer's tokens differ
+    (greedy, _), *_ = generate(tiny, [request("g", "abcabcabc", max_tokens=length)], 0).values()
+    z = chi_square_z(Counter(tokens[12] for tokens, _ in on.values()), Counter({greedy[12]: draws}))
+    assert z > 4.0

@@ -1,0 +1,96 @@
+"""Speculative decoding on 2 real ranks (tensor and pipeline): the same answers as without.
+
+A tiny random model falls into loops of a few tokens when decoded greedily, so prompt
+lookup proposes from the answer's own repetitions, and is sometimes wrong where a loop
+starts or changes: rows accept different runs, and rejected positions roll back.
+Speculation off is the reference, from its own cluster.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ipc.client import RankClient
+from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from launcher.local_cluster import Cluster
+from tests.support.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.cluster
+
+ENV = {
+    "MAX_BATCH_SIZE": "8",
+    "PREFILL_CHUNK_SIZE": "64",
+    "MAX_SEQUENCE_LENGTH": "512",
+    "DEFAULT_MAX_TOKENS": "64",
+    "SPEC_TOKENS": "4",
+    "KEEP_WARM_SECONDS": "0",
+}
+TOKENS = 48
+
+
+def submit(request_id: str, prompt: str, **params) -> Submit:
+    params = {"max_tokens": TOKENS, "temperature": 0.0, **params}
+    return Submit(id=request_id, prompt=prompt, params=SamplingParams(**params))
+
+
+# batch 1: one greedy answer; batch 4: two greedy, one with a penalty (it never speculates:
+# a row with no proposal in a speculative step), one sampled with a seed.
+ALONE = [submit("alone", "abcabcabc abcabc")]
+BATCH = [
+    submit("g1", "the cat sat on the mat, the cat sat"),
+    submit("g2", "0101 0101 0101"),
+    submit("penalty", "xyz xyz", presence_penalty=0.5),
+    submit("seeded", "hello hello", temperature=0.3, top_p=0.95, seed=7),
+]
+
+
+def run(client: RankClient, submits: list[Submit]) -> dict[str, tuple[list[int], Done]]:
+    for message in submits:
+        client.send(message)
+    tokens: dict[str, list[int]] = {s.id: [] for s in submits}
+    done: dict[str, Done] = {}
+    while len(done) < len(submits):
+        message = client.recv()
+        assert message is not None, "rank 0 closed the connection"
+        assert not isinstance(message, Error), message
+        if isinstance(message, Delta):
+            tokens[message.id] += message.token_ids
+        elif isinstance(message, Done):
+            done[message.id] = message
+        else:
+            assert isinstance(message, Started)
+    return {key: (tokens[key], done[key]) for key in tokens}
+
+
+def answers(cluster: Cluster) -> dict[str, tuple[list[int], Done]]:
+    with cluster.client() as client:
+        return run(client, ALONE) | run(client, BATCH)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), never_stops=True)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    with Cluster(model, ranks=2, env={**ENV, "SPECULATIVE": "off"}) as cluster:
+        return answers(cluster)
+
+
+@pytest.mark.parametrize("parallelism", ["tensor", "pipeline"])
+def test_speculation_gives_the_same_tokens(model, reference, parallelism):
+    env = {**ENV, "SPECULATIVE": "auto", "PARALLELISM": parallelism}
+    with Cluster(model, ranks=2, env=env) as cluster:
+        got = answers(cluster)
+    for key, (tokens, done) in reference.items():
+        assert len(tokens) == TOKENS, key
+        assert done.timings.proposed_tokens == 0, key
+        assert got[key][0] == tokens, f"{key} differs with speculation on ({parallelism})"
+    timings = {key: done.timings for key, (_, done) in got.items()}
+    assert timings["penalty"].proposed_tokens == 0  # a penalty's row never proposes
+    for key in ("alone", "g1", "g2", "seeded"):
+        assert timings[key].accepted_tokens > 0, (key, timings[key])
+        assert timings[key].decode_steps < TOKENS - 1, (key, timings[key])
+    # some proposals were rejected, and their positions rolled back
+    assert sum(t.proposed_tokens - t.accepted_tokens for t in timings.values()) > 0
