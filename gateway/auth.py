@@ -21,7 +21,6 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from fastapi import Request
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -100,11 +99,3 @@ class ApiKeyGate:
             return
         app_state = getattr(scope.get("app"), "state", None)
         await shaped(app_state, path, error)(scope, receive, send)
-
-
-def require_api_key(request: Request) -> None:
-    """A router's dependency from before ApiKeyGate, which now checks every route: the
-    same rule again, kept only while gateway/responses/routes.py still names it."""
-    error = refusal(request.app.state.settings.api_key, presented_key(request.headers))
-    if error is not None:
-        raise error
