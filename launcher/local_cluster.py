@@ -73,6 +73,7 @@ class Cluster:
             ENV_FILE=str(self.workdir / "no.env"),  # ignore the project's .env
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)  # first too: the preload follows its NATIVE_KERNELS
         env.update(cpu_layer.preload(env) | cpu_layer.threads(self.ranks, env))
         env.update(self.extra_env)
         return env

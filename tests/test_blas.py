@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,19 @@ def test_products_it_passes_on_find_openblas_late_or_stop_with_the_reason():
     alone = subprocess.run([*run, "alone"], env=env, capture_output=True, text=True)
     assert alone.returncode == -6, (alone.returncode, alone.stderr)  # SIGABRT
     assert "no cblas_sgemm after this library" in alone.stderr, alone.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("switch", ["off", "auto"])
+def test_every_rank_of_a_cluster_follows_native_kernels(tiny_llama, switch):
+    """Two real ranks: with NATIVE_KERNELS=off neither has the library (each says so in
+    its log line); with auto both run it."""
+    from launcher.local_cluster import Cluster
+
+    with Cluster(tiny_llama, ranks=2, env={"NATIVE_KERNELS": switch}) as cluster:
+        log = cluster.log_path.read_text()
+    rows = "OpenBLAS (NATIVE_KERNELS=off)" if switch == "off" else "native/sgemm_rows.c"
+    for rank in (0, 1):
+        assert re.search(
+            rf"r{rank} INFO matrix products: .*few-row products: {re.escape(rows)}$", log, re.M
+        ), log
