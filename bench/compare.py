@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import current
 from bench.even_model import make_even_variant
 from bench.loadgen import (
     AGENT_QUESTIONS,
@@ -47,7 +48,7 @@ from bench.loadgen import (
     table,
 )
 from bench.moe_model import make_moe_model, peer_cannot_split
-from bench.report import markdown_report, ratio_rows
+from bench.report import cpu_and_memory, markdown_report, ratio_rows
 from bench.servers import (
     PY,
     ROOT,
@@ -208,6 +209,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--load-patience", type=float, default=600.0)
     parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "compare.md")
     parser.add_argument("--json", type=Path, default=ROOT / "run" / "bench" / "compare.json")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="keep this run's figures in docs/bench/ and rewrite docs/BENCHMARKS.md's current "
+        "tables (bench.current)",
+    )
     return parser.parse_args(argv)
 
 
@@ -290,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
         log(f"wrote {path}")
+    if args.record:
+        run = _jsonable(results, args, model_dir, started)
+        cpu, _ = cpu_and_memory()
+        command = "python -m bench.compare " + " ".join(sys.argv[1:])
+        for path in current.record(run, command, f"{cpu}, {os.cpu_count()} cores"):
+            log(f"recorded {path}")
+        current.update()
+        log(f"rewrote the current figures in {current.DOC}")
     return 0
 
 

@@ -58,7 +58,7 @@ sha256_of_stdin() {
 ensure_openblas() {
     # MLX's Linux CPU wheel ships a slow reference BLAS; Debian's OpenBLAS, preloaded into
     # the ranks (launcher/command.py), makes float32 matmul about 80x faster; a C compiler
-    # builds native/sgemm_rows.c in front of it (decode steps of one request 1.5x faster).
+    # builds native/sgemm_rows.c in front of it (faster decode steps: docs/BENCHMARKS.md).
     # Installed when we are allowed to.
     [[ "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]] || return 0
     dpkg -s libopenblas0-pthread >/dev/null 2>&1 && command -v cc >/dev/null 2>&1 && return 0
