@@ -274,6 +274,11 @@ class Leader:
         accepted = scheduler.speculator.totals.accepted
         scheduler.on_result(result)
         accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
+        if plan.tokens and not result.prefill_tokens:  # a decode step: the rule's costs
+            width = 1 + max((len(draft) for draft in plan.drafts), default=0)
+            eager = width > 1 or engine.compiled is None or not engine.compiled.enabled
+            ms = (launched - streamed_first + computed - streamed) * 1000
+            scheduler.speculator.costs.observe(len(plan.tokens) * width, eager, ms)
         scheduler.prefix.bytes = engine.prefix.nbytes
         self.counters.steps += 1
         self.counters.decode_tokens += len(plan.tokens) + accepted

@@ -33,6 +33,7 @@ from typing import Any
 from mlx_lm.models.cache import KVCache
 
 from engine.batch_sampler import RowSampling
+from engine.spec_rule import StepCosts, acceptance, choose_width
 from ipc.status import SpeculationStats
 
 log = logging.getLogger("ring.speculation")
@@ -76,6 +77,7 @@ class Figures:
     accepted: int = 0
     steps: int = 0  # steps that gave this row (or the cluster) tokens
     tokens: int = 0  # tokens those steps gave
+    rejections: int = 0  # steps whose proposals were not all accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -106,6 +108,7 @@ class Speculator:
     tokens: int
     refusal: str | None = None
     totals: Figures = field(default_factory=Figures)
+    costs: StepCosts = field(default_factory=StepCosts)  # the per-step rule's (spec_rule.py)
     _index: dict[int, NgramIndex] = field(default_factory=dict)
     _drafts: dict[int, list[int]] = field(default_factory=dict)  # the step's, by seq id
     _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
@@ -144,9 +147,18 @@ class Speculator:
                 index.extend(history[len(index.tokens) :])
                 room = request.max_tokens - len(request.generated) - 1
                 draft = index.propose(min(self.tokens, room))
-            self._drafts[seq_id] = draft
             out.append(draft)
+        if any(out):  # the per-step rule: how wide a step pays (engine/spec_rule.py)
+            rates = [self._rate(requests.get(seq_id)) for seq_id in seq_ids]
+            width = choose_width([len(d) for d in out], rates, self.costs)
+            out = [draft[: width - 1] for draft in out]
+        self._drafts = dict(zip(seq_ids, out, strict=True))
         return out if any(out) else []
+
+    @staticmethod
+    def _rate(request: Any) -> float:
+        figures = request.speculation if request is not None else Figures()
+        return acceptance(figures.accepted, figures.rejections)
 
     def rollbacks(self, decode_ids: list[int]) -> list[int]:
         """Per decoding row (before the plan's removes), the positions it drops."""
@@ -177,6 +189,7 @@ class Speculator:
         for figures in self._figures(request):
             figures.proposed += len(draft)
             figures.accepted += kept
+            figures.rejections += kept < len(draft)
         return kept + 1
 
     def count(self, request: Any, taken: int) -> None:

@@ -16,6 +16,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 
 from engine.batch_engine import BatchEngine
 from engine.scheduler import Scheduler
+from engine.spec_rule import StepCosts, acceptance, choose_width
 from engine.speculation import NgramIndex, Speculator
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
@@ -28,10 +29,21 @@ def tiny(tmp_path_factory):
     return load_model(directory)[0], load_tokenizer(directory)
 
 
+def flat_costs() -> StepCosts:
+    """Step costs of a host where positions are nearly free (a small model on a GPU): the
+    per-step rule then speculates wherever a row proposes."""
+    costs = StepCosts(max_rows=1024)
+    for rows in range(1, 1025):
+        costs.observe(rows, eager=False, ms=10.0)
+        costs.observe(rows, eager=True, ms=10.0 + rows / 1000)
+    return costs
+
+
 def generate(tiny, submits: list[Submit], spec_tokens: int, batch: int = 8) -> dict:
     """Run `submits` to the end, `batch` at a time; {id: (token ids, Done)}."""
     model, tokenizer = tiny
-    scheduler = Scheduler(tokenizer, batch, 512, speculator=Speculator(spec_tokens))
+    speculator = Speculator(spec_tokens, costs=flat_costs())
+    scheduler = Scheduler(tokenizer, batch, 512, speculator=speculator)
     engine = BatchEngine(model, 256)
     for submit in submits:
         scheduler.submit("conn", submit)
@@ -137,3 +149,19 @@ def test_sampled_answers_keep_the_models_distribution(tiny):
     (greedy, _), *_ = generate(tiny, [request("g", "abcabcabc", max_tokens=length)], 0).values()
     z = chi_square_z(Counter(tokens[12] for tokens, _ in on.values()), Counter({greedy[12]: draws}))
     assert z > 4.0
+
+
+def test_the_step_rule_speculates_where_tokens_per_ms_rise():
+    costs = StepCosts()
+    assert choose_width([4], [0.8], costs) == 5  # one row, proposals usually accepted
+    assert choose_width([4], [0.1], costs) == 1  # rarely accepted: a plain step
+    assert choose_width([0, 3], [0.5, 0.9], costs) > 1  # zero proposals in a wide step
+    full = [4] * 8
+    assert choose_width(full, [0.5] * 8, costs) == 1  # a full batch: rows fill the step
+    assert choose_width(full, [0.95] * 8, costs) == 2  # ... unless nearly all are accepted
+    assert choose_width([4] * 16, [1.0] * 16, costs) == 1  # past the measured rows
+    # rank 0's own measurements replace the prior: here extra positions cost a full step
+    for rows in (1, 2, 3, 4, 5):
+        costs.observe(rows, eager=rows > 1, ms=30.0 * rows)
+    assert choose_width([4], [0.8], costs) == 1
+    assert acceptance(0, 0) == 0.5 and acceptance(9, 1) > 0.8

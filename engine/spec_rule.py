@@ -1,0 +1,89 @@
+"""Rank 0's per-step rule for speculation: verify proposals only where the step's tokens
+per millisecond rise.
+
+A speculative step of B decoding rows, W positions each, sends B x W rows through every
+weight product and the head, so it costs what a step of B x W rows costs (eagerly: the
+compiled decode step takes one position). Its gain is the proposals accepted: a row whose
+proposals are each accepted with probability a (given the ones before were) and that
+proposes d of them gains a + a^2 + ... + a^d tokens on average. Each step rank 0 picks the
+width W (1: no speculation) that maximises (B + gains) / cost(B x W); rows propose at most
+W - 1 tokens. With a full batch the rows alone fill the step's products and W = 1 wins
+unless acceptance is high.
+
+Costs: rank 0 measures its own decode steps (those without prefill), by rows and by
+eager or compiled, as a running average. Until a row count is measured, the prior is this
+project's measurement on its CPU host (one rank, 2 threads, the default model, plain
+layout: batch 1/2/4/8 steps of 32/41/57/74 ms, docs/ARCHITECTURE.md "Weight layout"),
+interpolated, scaled by the nearest measured count, and 7% more when eager (compiled
+decode is 5-10% faster). Steps of more than MAX_ROWS rows are never chosen: the CPU
+host's few-row kernel takes up to 16 rows, and nothing beyond was measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PRIOR_MS = {1: 32.0, 2: 41.0, 4: 57.0, 8: 74.0, 16: 108.0}  # 16: the 4-8 slope carried on
+EAGER = 1.07
+MAX_ROWS = 16
+AVERAGE = 0.2  # weight of a new measurement in the running average
+
+
+def _prior(rows: int) -> float:
+    points = sorted(PRIOR_MS.items())
+    for (r0, t0), (r1, t1) in zip(points, points[1:], strict=False):
+        if rows <= r1:
+            return t0 + (t1 - t0) * (max(rows, r0) - r0) / (r1 - r0)
+    (r0, t0), (r1, t1) = points[-2], points[-1]
+    return t1 + (t1 - t0) * (rows - r1) / (r1 - r0)
+
+
+class StepCosts:
+    """Decode step times by (rows, eager), measured by rank 0, over the prior; steps of
+    more than `max_rows` rows are never predicted to pay."""
+
+    def __init__(self, max_rows: int = MAX_ROWS) -> None:
+        self.measured: dict[tuple[int, bool], float] = {}
+        self.max_rows = max_rows
+
+    def observe(self, rows: int, eager: bool, ms: float) -> None:
+        key = (rows, eager)
+        before = self.measured.get(key)
+        self.measured[key] = ms if before is None else before + AVERAGE * (ms - before)
+
+    def predict(self, rows: int, eager: bool) -> float:
+        """Milliseconds a decode step of `rows` rows takes."""
+        if (rows, eager) in self.measured:
+            return self.measured[(rows, eager)]
+        prior = _prior(rows) * (EAGER if eager else 1.0)
+        if not self.measured:
+            return prior
+        (near, near_eager), ms = min(
+            self.measured.items(), key=lambda item: (abs(item[0][0] - rows), item[0][1] != eager)
+        )
+        return prior * ms / (_prior(near) * (EAGER if near_eager else 1.0))
+
+
+def acceptance(accepted: int, rejections: int) -> float:
+    """A row's chance that a proposal is accepted given the ones before it were: its
+    accepted proposals over those it tried (a run stops at its first rejection), with one
+    of each assumed before any is seen."""
+    return (accepted + 1) / (accepted + rejections + 2)
+
+
+def choose_width(proposed: Sequence[int], rates: Sequence[float], costs: StepCosts) -> int:
+    """The step's positions per row (1: no speculation) for rows proposing `proposed`
+    tokens, accepted at `rates`."""
+    rows = len(proposed)
+    best_width, best = 1, rows / costs.predict(rows, eager=False)
+    for width in range(2, 2 + max(proposed, default=0)):
+        if rows * width > costs.max_rows:
+            break
+        gain = sum(
+            sum(rate**j for j in range(1, min(count, width - 1) + 1))
+            for count, rate in zip(proposed, rates, strict=True)
+        )
+        value = (rows + gain) / costs.predict(rows * width, eager=True)
+        if value > best:
+            best_width, best = width, value
+    return best_width
