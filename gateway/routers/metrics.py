@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import (
@@ -27,10 +27,11 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 ValueT = TypeVar("ValueT")
 
-# Rank 0's prefix-cache figures: (family, name after "prefix_cache_", help), counters first.
-_PREFIX_CACHE_FAMILIES: tuple[
-    tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str], ...
-] = (
+# Figures of rank 0's status: (family, field name, help), counters first.
+Figures = tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str], ...]
+
+# The prefix cache's (PrefixCacheStats), each named "prefix_cache_" + the field.
+_PREFIX_CACHE_FAMILIES: Figures = (
     (CounterMetricFamily, "hits", "Requests that reused cached prompt tokens"),
     (CounterMetricFamily, "hit_tokens", "Prompt tokens taken from the prefix cache"),
     (CounterMetricFamily, "misses", "Requests that found no cached prefix"),
@@ -42,16 +43,9 @@ _PREFIX_CACHE_FAMILIES: tuple[
 )
 
 
-def prefix_cache_families(stats: PrefixCacheStats) -> Iterator[Metric]:
-    """Rank 0's prefix-cache counters and gauges."""
-    for family, name, text in _PREFIX_CACHE_FAMILIES:
-        yield family(f"prefix_cache_{name}", text, value=getattr(stats, name))
-
-
-# Rank 0's speculative decoding: (family, name after "speculation_", help), counters first.
-_SPECULATION_FAMILIES: tuple[
-    tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str], ...
-] = (
+# Speculative decoding's totals (SpeculationStats, engine/speculation.py), each named
+# "speculation_" + the field.
+_SPECULATION_FAMILIES: Figures = (
     (CounterMetricFamily, "proposed_tokens", "Tokens proposed by prompt lookup"),
     (CounterMetricFamily, "accepted_tokens", "Proposed tokens the model accepted"),
     (GaugeMetricFamily, "acceptance_rate", "Accepted over proposed tokens since the start"),
@@ -59,10 +53,15 @@ _SPECULATION_FAMILIES: tuple[
 )
 
 
-def speculation_families(stats: SpeculationStats) -> Iterator[Metric]:
-    """Rank 0's speculative-decoding totals (engine/speculation.py)."""
-    for family, name, text in _SPECULATION_FAMILIES:
-        yield family(f"speculation_{name}", text, value=getattr(stats, name))
+def figure_families(prefix: str, figures: Figures) -> Callable[[Any], Iterator[Metric]]:
+    """The metric families `figures` make of a stats object: `prefix` + the field's name,
+    its help, its value."""
+
+    def families(stats: Any) -> Iterator[Metric]:
+        for family, name, text in figures:
+            yield family(f"{prefix}{name}", text, value=getattr(stats, name))
+
+    return families
 
 
 def rate_families(sample: Sample) -> Iterator[Metric]:
@@ -106,8 +105,10 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        r.register(ScrapeCollector(prefix_stats, prefix_cache_families))
-        r.register(ScrapeCollector(speculation, speculation_families))
+        prefix_cache = figure_families("prefix_cache_", _PREFIX_CACHE_FAMILIES)
+        speculation_totals = figure_families("speculation_", _SPECULATION_FAMILIES)
+        r.register(ScrapeCollector(prefix_stats, prefix_cache))
+        r.register(ScrapeCollector(speculation, speculation_totals))
         r.register(ScrapeCollector(rates, rate_families))
         self.requests = Counter(
             "api_requests", "HTTP requests by route and status", ["route", "status"], registry=r
