@@ -38,6 +38,7 @@ import httpx
 import pytest
 
 from bench.loadgen import Endpoint
+from ipc.processes import running
 from ipc.supervisor_state import SupervisorState, read_state
 from launcher.service import start_command, stop_command
 from tests.support.chaos import (
@@ -53,7 +54,7 @@ from tests.support.chaos import (
     waited_and_succeeded,
 )
 from tests.support.soak import soak
-from tests.test_launch import Project, _alive, _setting_names, copy_project
+from tests.test_launch import Project, _setting_names, copy_project
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -194,7 +195,7 @@ def _fault_on_the_ranks(
     assert status == 200, answer
     found = settled_processes(chaos.root, RUNNING)
     assert found == RUNNING, found
-    assert not any(_alive(pid) for pid in victims), victims
+    assert not any(running(pid) for pid in victims), victims
     assert chaos.pid("api.pid") == api  # api.py stayed up through the restart
 
     def restarted(s: SupervisorState) -> bool:
@@ -256,7 +257,7 @@ def test_sigkill_of_api_py_restarts_it_alone(chaos: Chaos) -> None:
     status, _, answer = ask(chaos.url)
     assert status == 200, answer
     assert {name: chaos.pid(name) for name in ranks} == ranks  # the ranks were not touched
-    assert chaos.pid("api.pid") != victim and not _alive(victim)
+    assert chaos.pid("api.pid") != victim and not running(victim)
     assert settled_processes(chaos.root, RUNNING) == RUNNING
     state = chaos.state()
     assert state.api_restarts == 1 and state.history[-1].what == "api", state
