@@ -99,6 +99,14 @@ class ToolSpec(BaseModel):
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
+    @classmethod
+    def of(cls, name: str, description: str | None, parameters: dict[str, Any] | None) -> ToolSpec:
+        """A tool as an API names it: no description is "", no schema takes no arguments."""
+        spec = cls(name=name, description=description or "")
+        if parameters is not None:
+            spec.parameters = parameters
+        return spec
+
 
 class ToolChoice(BaseModel):
     """Whether the model may (auto), must not (none) or must (required, or the function

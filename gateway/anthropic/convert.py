@@ -75,9 +75,7 @@ def submit_fields(body: Conversation) -> dict[str, Any]:
 
 
 def tool_spec(tool: Tool) -> ToolSpec:
-    return ToolSpec(
-        name=tool.name, description=tool.description or "", parameters=tool.input_schema or {}
-    )
+    return ToolSpec.of(tool.name, tool.description, tool.input_schema or {})
 
 
 def chat_messages(body: Conversation) -> list[ChatMessage]:

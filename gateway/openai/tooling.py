@@ -33,10 +33,8 @@ class ChatTool(_Lenient):
     function: FunctionDef
 
     def to_spec(self) -> ToolSpec:
-        spec = ToolSpec(name=self.function.name, description=self.function.description or "")
-        if self.function.parameters is not None:
-            spec.parameters = self.function.parameters
-        return spec
+        function = self.function
+        return ToolSpec.of(function.name, function.description, function.parameters)
 
 
 class FunctionName(_Lenient):

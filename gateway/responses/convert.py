@@ -166,11 +166,7 @@ def to_submit(
     messages = list(dialogue)
     if request.instructions:
         messages.insert(0, ChatMessage(role="system", content=request.instructions))
-    tools = request.function_tools()
-    specs = [ToolSpec(name=t.name, description=t.description or "") for t in tools]
-    for spec, tool in zip(specs, tools, strict=True):
-        if tool.parameters is not None:
-            spec.parameters = tool.parameters
+    specs = [ToolSpec.of(t.name, t.description, t.parameters) for t in request.function_tools()]
     effort = request.reasoning.effort if request.reasoning else None
     params = SamplingParams(
         max_tokens=limits.max_tokens(request.max_output_tokens),
