@@ -56,6 +56,7 @@ class Request:
     finished: str | None = None  # it left the batch (why)
     ended: bool = False  # its Done (or Error) went out: nothing more is streamed
     speculation: Figures = field(default_factory=Figures)  # proposed, accepted, steps
+    streamed: int = 0  # tokens of `generated` streamed so far
 
     @property
     def max_tokens(self) -> int:
@@ -79,11 +80,14 @@ class Request:
         """The messages for a taken token, and whether a stop string (or a finished tool
         block) ends the request here though `take` did not."""
         self.unsent_ids.append(sample.token)
+        self.streamed += 1
         if sample.logprob is not None:
             self.unsent_logprobs.append(_logprob(tokenizer, sample))
         if ending == "eos":
             return self._final(self.answer.finish(complete=True), "stop"), False
         piece, hit = self.answer.push(sample.token)
+        if hit:  # tokens taken after it (a speculative step's run) were never answered
+            del self.generated[self.streamed :]
         if hit or ending == "grammar":
             return self._final(piece.add(self.answer.finish(complete=True)), "stop"), hit
         if ending == "length":

@@ -102,6 +102,23 @@ def test_greedy_and_seeded_answers_are_the_same_with_speculation(tiny):
     assert alone["seeded"][0] == off["seeded"][0]
 
 
+def test_a_stop_string_inside_an_accepted_run_ends_the_answer_there(tiny):
+    """The answer loops 5 tokens from its 15th; a stop string of two loops first completes
+    inside a run of 4 accepted tokens (3 proposals and one), and the tokens taken after it
+    are not counted (they were, before `Request.stream` dropped them)."""
+    model, tokenizer = tiny
+    (tokens, _), *_ = generate(tiny, [request("loop", "abcabcabc")], 0).values()
+    text = tokenizer.decode(tokens)
+    start = len(tokenizer.decode(tokens[:15]))
+    submit = request("stop", "abcabcabc", stop=[text[start : start + 8]])
+    off = generate(tiny, [submit], spec_tokens=0)["stop"]
+    on = generate(tiny, [submit], spec_tokens=3)["stop"]
+    assert on[1].timings.accepted_tokens > 0
+    assert on[1].finish_reason == off[1].finish_reason == "stop"
+    assert on[0] == off[0]
+    assert on[1].usage == off[1].usage
+
+
 def chi_square_z(first: Counter, second: Counter) -> float:
     """Two-sample chi-square of two samples' category counts, as a z-score
     (Wilson-Hilferty); categories seen fewer than 10 times in all are pooled."""
