@@ -100,6 +100,9 @@ def test_greedy_and_seeded_answers_are_the_same_with_speculation(tiny):
         assert all(len(on[k][0]) == s.params.max_tokens for k, s in zip(on, submits, strict=True))
     alone = generate(tiny, [submits[3]], spec_tokens=4)  # a seeded answer, alone
     assert alone["seeded"][0] == off["seeded"][0]
+    # two at a time: later requests prefill and join while the others speculate
+    pairs = generate(tiny, submits, spec_tokens=4, batch=2)
+    assert {k: v[0] for k, v in pairs.items()} == {k: v[0] for k, v in off.items()}
 
 
 def test_a_stop_string_inside_an_accepted_run_ends_the_answer_there(tiny):

@@ -3,16 +3,19 @@
 A tiny random model falls into loops of a few tokens when decoded greedily, so prompt
 lookup proposes from the answer's own repetitions, and is sometimes wrong where a loop
 starts or changes: rows accept different runs, and rejected positions roll back.
-Speculation off is the reference, from its own cluster.
+Speculation off is the reference, from its own cluster; on an MoE family (experts split
+by rank) a request asking for logprobs, which never speculates, is the reference.
 """
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
 from ipc.client import RankClient
 from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
 from launcher.local_cluster import Cluster
+from tests.support.tiny_families import write_family_model
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.cluster
@@ -94,3 +97,23 @@ def test_speculation_gives_the_same_tokens(model, reference, parallelism):
         assert timings[key].decode_steps < TOKENS - 1, (key, timings[key])
     # some proposals were rejected, and their positions rolled back
     assert sum(t.proposed_tokens - t.accepted_tokens for t in timings.values()) > 0
+
+
+def test_speculation_on_an_expert_split(tmp_path_factory):
+    """deepseek_v2 on 2 ranks: attention by heads, experts by rank, shared experts by
+    columns; the routing of every verified position happens inside the one forward."""
+    directory = write_family_model(tmp_path_factory.mktemp("dsv2") / "model", "deepseek_v2")
+    path = directory / "model.safetensors"
+    weights = mx.load(str(path))
+    weights["lm_head.weight"][256:] = 0.0  # special tokens never win: answers run to max
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    env = {**ENV, "SPECULATIVE": "auto"}
+    with Cluster(directory, ranks=2, env=env) as cluster:
+        assert cluster.status().plan["split_experts"]
+        with cluster.client() as client:
+            plain = run(client, [submit("plain", "abcabcabc abcabc", logprobs=True)])
+            spec = run(client, [submit("spec", "abcabcabc abcabc")])
+    (tokens, done), (spec_tokens, spec_done) = plain["plain"], spec["spec"]
+    assert done.timings.proposed_tokens == 0  # logprobs: never speculates
+    assert spec_done.timings.accepted_tokens > 0, spec_done.timings
+    assert spec_tokens == tokens
