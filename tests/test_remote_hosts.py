@@ -6,7 +6,7 @@ with its own REMOTE_DIR. Each REMOTE_DIR starts with a hardlinked copy of the pr
 .venv (the namespaces cannot reach PyPI), so the venv creation on a worker is not run
 here; the code, config and .env arrive by rsync. The tests run in file order against one
 cluster: faults before the start, then start, status, and the chaos of remote mode under
-the supervisor (DEGRADED_MODE=auto, COLLECTIVE_TIMEOUT_SECONDS=5): a worker's link taken
+the supervisor (DEGRADED_MODE=auto, COLLECTIVE_TIMEOUT_SECONDS=15): a worker's link taken
 down mid-stream (the cluster comes back without it), then brought back and another
 worker's rank killed mid-stream (the cluster comes back by itself, and takes the left-out
 worker back), 100 ms added on a worker's link while streaming (tc netem where the kernel
