@@ -117,8 +117,12 @@ def _speculator(settings: Settings, model: Callable[..., mx.array], info: ModelI
     if refusal is not None:
         log.warning("speculation: off for this model: %s", refusal)
     else:
-        log.info("speculation: prompt lookup, up to %d tokens a row", settings.spec_tokens)
-    return Speculator(settings.spec_tokens, refusal)
+        log.info(
+            "speculation: prompt lookup, up to %d tokens a row (SPECULATIVE=%s)",
+            settings.spec_tokens,
+            settings.speculative,
+        )
+    return Speculator(settings.spec_tokens, refusal, rule=settings.speculative == "auto")
 
 
 def _peer_lost(exc: RuntimeError) -> bool:

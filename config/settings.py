@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     compiled_decode: Literal["auto", "off"] = "auto"
     # auto: rank 0 proposes up to SPEC_TOKENS tokens a row by prompt lookup and every rank
     # verifies them in the step's one forward (engine/speculation.py)
-    speculative: Literal["auto", "off"] = "off"
+    speculative: Literal["auto", "always", "off"] = "off"
     spec_tokens: int = Field(default=4, ge=1, le=64)
     linear_layout: LinearLayout = "plain"
     # off: no native kernel (native/sgemm_rows.c) in any rank's preload (launcher/cpu_layer.py)

@@ -47,9 +47,10 @@ class StepCosts:
         self.max_rows = max_rows
 
     def observe(self, rows: int, eager: bool, ms: float) -> None:
-        key = (rows, eager)
-        before = self.measured.get(key)
-        self.measured[key] = ms if before is None else before + AVERAGE * (ms - before)
+        """A decode step's time; the average starts from the prediction, so one slow step
+        (a first eager run allocating its buffers) does not rule a width out for good."""
+        before = self.predict(rows, eager)
+        self.measured[(rows, eager)] = before + AVERAGE * (ms - before)
 
     def predict(self, rows: int, eager: bool) -> float:
         """Milliseconds a decode step of `rows` rows takes."""

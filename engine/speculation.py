@@ -107,6 +107,7 @@ class Speculator:
 
     tokens: int
     refusal: str | None = None
+    rule: bool = True  # the per-step rule decides (SPECULATIVE=auto); False: always propose
     totals: Figures = field(default_factory=Figures)
     costs: StepCosts = field(default_factory=StepCosts)  # the per-step rule's (spec_rule.py)
     _index: dict[int, NgramIndex] = field(default_factory=dict)
@@ -148,7 +149,7 @@ class Speculator:
                 room = request.max_tokens - len(request.generated) - 1
                 draft = index.propose(min(self.tokens, room))
             out.append(draft)
-        if any(out):  # the per-step rule: how wide a step pays (engine/spec_rule.py)
+        if any(out) and self.rule:  # how wide a step pays (engine/spec_rule.py)
             rates = [self._rate(requests.get(seq_id)) for seq_id in seq_ids]
             width = choose_width([len(d) for d in out], rates, self.costs)
             out = [draft[: width - 1] for draft in out]

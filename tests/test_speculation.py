@@ -181,7 +181,8 @@ def test_the_step_rule_speculates_where_tokens_per_ms_rise():
     assert choose_width(full, [0.95] * 8, costs) == 2  # ... unless nearly all are accepted
     assert choose_width([4] * 16, [1.0] * 16, costs) == 1  # past the measured rows
     # rank 0's own measurements replace the prior: here extra positions cost a full step
-    for rows in (1, 2, 3, 4, 5):
-        costs.observe(rows, eager=rows > 1, ms=30.0 * rows)
+    for _ in range(30):  # a running average: one slow step does not decide
+        for rows in (1, 2, 3, 4, 5):
+            costs.observe(rows, eager=rows > 1, ms=30.0 * rows)
     assert choose_width([4], [0.8], costs) == 1
     assert acceptance(0, 0) == 0.5 and acceptance(9, 1) > 0.8

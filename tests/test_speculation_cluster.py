@@ -3,18 +3,22 @@
 A tiny random model falls into loops of a few tokens when decoded greedily, so prompt
 lookup proposes from the answer's own repetitions, and is sometimes wrong where a loop
 starts or changes: rows accept different runs, and rejected positions roll back.
+SPECULATIVE=always (every step where a row proposes: the per-step rule, timed on a shared
+machine, would make the tests depend on its load; tests/test_speculation.py tests the rule).
 Speculation off is the reference, from its own cluster; on an MoE family (experts split
 by rank) a request asking for logprobs, which never speculates, is the reference.
 """
 
 from __future__ import annotations
 
+import httpx
 import mlx.core as mx
 import pytest
 
 from ipc.client import RankClient
 from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
 from launcher.local_cluster import Cluster
+from tests.support.api_server import running_api, wait_ready
 from tests.support.tiny_families import write_family_model
 from tests.support.tiny_models import write_tiny_model
 
@@ -70,6 +74,24 @@ def answers(cluster: Cluster) -> dict[str, tuple[list[int], Done]]:
         return run(client, ALONE) | run(client, BATCH)
 
 
+def figures_through_the_api(cluster: Cluster) -> None:
+    """api.py shows the figures: a response's performance, /metrics, /cluster/status."""
+    env = {"SOCKET_PATH": str(cluster.socket_path)}
+    with running_api(env, cluster.workdir / "api.log") as api:
+        wait_ready(api.base_url)
+        model = cluster.status().model_id
+        body = {"model": model, "prompt": "abcabcabc abcabc", "max_tokens": TOKENS}
+        reply = httpx.post(f"{api.base_url}/v1/completions", json={**body, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        performance = reply.json()["performance"]
+        assert performance["accepted_tokens"] > 0 and performance["tokens_per_step"] > 1.0
+        assert 0 < performance["acceptance_rate"] <= 1.0
+        metrics = httpx.get(f"{api.base_url}/metrics").text
+        assert "speculation_accepted_tokens_total" in metrics, metrics[-2000:]
+        status = httpx.get(f"{api.base_url}/cluster/status").json()["speculation"]
+        assert status["enabled"] and status["accepted_tokens"] >= performance["accepted_tokens"]
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), never_stops=True)
@@ -83,9 +105,11 @@ def reference(model):
 
 @pytest.mark.parametrize("parallelism", ["tensor", "pipeline"])
 def test_speculation_gives_the_same_tokens(model, reference, parallelism):
-    env = {**ENV, "SPECULATIVE": "auto", "PARALLELISM": parallelism}
+    env = {**ENV, "SPECULATIVE": "always", "PARALLELISM": parallelism}
     with Cluster(model, ranks=2, env=env) as cluster:
         got = answers(cluster)
+        if parallelism == "tensor":
+            figures_through_the_api(cluster)
     for key, (tokens, done) in reference.items():
         assert len(tokens) == TOKENS, key
         assert done.timings.proposed_tokens == 0, key
@@ -107,7 +131,7 @@ def test_speculation_on_an_expert_split(tmp_path_factory):
     weights = mx.load(str(path))
     weights["lm_head.weight"][256:] = 0.0  # special tokens never win: answers run to max
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
-    env = {**ENV, "SPECULATIVE": "auto"}
+    env = {**ENV, "SPECULATIVE": "always"}
     with Cluster(directory, ranks=2, env=env) as cluster:
         assert cluster.status().plan["split_experts"]
         with cluster.client() as client:
