@@ -37,6 +37,7 @@ from engine.context_window import choose_context
 from engine.cpu_linear import transpose_linears
 from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
+from engine.prefill_budget import PrefillBudget
 from engine.prefix_cache import PrefixCache
 from engine.prefix_store import budget_tokens, kv_bytes_per_token
 from engine.sampling_defaults import SamplingDefaults
@@ -244,6 +245,9 @@ def main(settings: Settings) -> int:
         defaults=defaults,
         vocab_size=vocab_size,
         speculator=_speculator(settings, model, info),
+        prefill_budget=PrefillBudget(settings.prefill_chunk_size, settings.prefill_slowdown)
+        if settings.prefill_slowdown
+        else None,
     )
     log.info("chat prompt: %s", scheduler.setup.chat.describe())
     leader = Leader(

@@ -1,14 +1,11 @@
 """Per-rank batch state: applies a step plan and runs the forward passes of one step.
 
-Every rank holds the same state in the same order. New sequences prefill alone with
-their own KV cache, in chunks under a per-step token budget (PREFILL_CHUNK_SIZE), so a
-long prompt never stalls the running batch for long; when a prompt is done its cache
-joins the decode batch (a left-padded BatchKVCache per layer). A sequence may start from
-a prefix-cache entry (engine/prefix_store.py) and prefill only the rest of its prompt.
-A speculative step (engine/speculation.py) gives decoding rows the tokens rank 0 proposed
-after their next one: one eager forward over them all, right-padded to the widest row; the
-next plan says how many positions each row rolls back.
-"""
+Every rank holds the same state in the same order. New sequences prefill alone with their
+own KV cache, in chunks of the plan's budget (engine/prefill_budget.py), so a long prompt
+never stalls the running batch for long; a prompt done joins the decode batch (a BatchKVCache
+per layer). A sequence may start from a prefix-cache entry (engine/prefix_store.py). A
+speculative step (speculation.py) gives decoding rows rank 0's proposed tokens: one eager
+forward over them all, right-padded; the next plan says how many positions each drops."""
 
 from __future__ import annotations
 
@@ -119,6 +116,8 @@ class BatchEngine:
         self.model = model
         self.compiled = compiled
         self.prefill_chunk_size = prefill_chunk_size
+        self.prefill_budget = prefill_chunk_size  # this step's, from the plan
+        self.last_prefill: list[tuple[int, int]] = []  # this step's (cached, tokens) forwards
         self._guard = guard
         self.step_index = 0
         self.decode_ids: list[int] = []
@@ -187,6 +186,7 @@ class BatchEngine:
             )
         self._next_tokens = list(plan.tokens)
         self._drafts = plan.drafts if any(plan.drafts) else []
+        self.prefill_budget = self.prefill_chunk_size if plan.prefill is None else plan.prefill
         for insert in plan.inserts:
             self.prefilling.append(self._start(insert))
 
@@ -252,21 +252,20 @@ class BatchEngine:
             logits = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
             rows.append(logits if logits is not None else self._forward(inputs, self._decode_cache))
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
-        budget = self.prefill_chunk_size
-        prefill_tokens = 0
+        budget, prefill_tokens, self.last_prefill = self.prefill_budget, 0, []
         # (entries, logits of their last positions, their batch cache or None)
         finished: list[tuple[list[_Prefill], mx.array, list | None]] = []
         stored: list[mx.array] = []  # prompts kept as prefix entries this step
         # A burst of short prompts arriving while no answer runs prefills in one batched
-        # forward, whatever its total (8 clients at once each waited for its share of
-        # three steps before); with answers running, the chunk budget keeps their next
-        # tokens from waiting long.
+        # forward, whatever its total (8 clients at once each waited for its share of three
+        # steps before); beside answers, the budget keeps their next tokens from waiting.
         group = self._fresh_group(budget if self._decode_cache is not None else None)
         if len(group) > 1:
             logits, cache = self._prefill_together(group)
             finished.append((group, logits, cache))
             width = max(len(e.tokens) for e in group)
             budget -= len(group) * width
+            self.last_prefill.append((max(e.prefix_len for e in group), len(group) * width))
             prefill_tokens += sum(len(e.tokens) for e in group)
         for entry in self.prefilling:
             if budget <= 0:
@@ -278,6 +277,7 @@ class BatchEngine:
             end = min(len(entry.tokens), entry.position + budget)
             chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
             logits = self._forward(chunk, entry.cache)
+            self.last_prefill.append((entry.length, end - entry.position))
             budget -= end - entry.position
             prefill_tokens += end - entry.position
             entry.position = end

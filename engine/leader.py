@@ -286,6 +286,11 @@ class Leader:
         self._flush()
         done = time.perf_counter()
         self.last_step_ms = (done - started) * 1000
+        if scheduler.prefill_budget is not None and not any(plan.drafts):
+            # the whole step, as the answers' inter-token latency sees it
+            scheduler.prefill_budget.observe(
+                len(plan.tokens), engine.last_prefill, self.last_step_ms
+            )
         if log.isEnabledFor(logging.DEBUG):
             after = (self.broadcaster.collective_seconds, self._forward_collectives())
             times = (started, planned, streamed_first, launched, streamed, computed, done)

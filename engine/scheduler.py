@@ -19,6 +19,7 @@ from engine.answer import AnswerStream
 from engine.batch_engine import BatchEngine, StepResult
 from engine.batch_sampler import RowSampling
 from engine.constraints import GrammarTokens
+from engine.prefill_budget import PrefillBudget
 from engine.prefix_cache import PlanOps, PrefixCache
 from engine.request import Ending, Request
 from engine.request_setup import Refusal, RequestSetup, SetupResult
@@ -57,12 +58,14 @@ class Scheduler:
         defaults: SamplingDefaults | None = None,
         vocab_size: int | None = None,
         speculator: Speculator | None = None,
+        prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.setup = RequestSetup(tokenizer, grammar, vocab_size)
         self.defaults = defaults or SamplingDefaults()
         self.prefix = prefix or PrefixCache(0)
         self.speculator = speculator or Speculator(0)
+        self.prefill_budget = prefill_budget  # None: every step takes PREFILL_CHUNK_SIZE
         self.max_batch_size = max_batch_size
         self.max_sequence_length = max_sequence_length
         self.eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -238,7 +241,22 @@ class Scheduler:
             evicts=ops.evicts,
             drafts=drafts,
             rollbacks=rollbacks,
+            prefill=self._prefill_tokens(engine, removed, len(decoding), inserts),
         )
+
+    def _prefill_tokens(
+        self, engine: BatchEngine, removed: set[int], rows: int, inserts: list
+    ) -> int | None:
+        """The step's prefill budget (None: the engine's PREFILL_CHUNK_SIZE)."""
+        if self.prefill_budget is None:
+            return None
+        pending = [
+            (p.length, len(p.tokens) - p.position)
+            for p in engine.prefilling
+            if p.seq_id not in removed
+        ]
+        pending += [(insert.prefix_len, len(insert.tokens)) for insert in inserts]
+        return self.prefill_budget.tokens(rows, pending) if pending else None
 
     def idle_plan(self, engine: BatchEngine, stop: bool = False) -> StepPlan:
         """A plan that runs no compute: all ranks go to sleep (or stop)."""

@@ -6,8 +6,8 @@ as uint32 arrays; each insert as `<IIIII` (seq id, prefix entry, prefix length, 
 entry, token count) followed by its uint32 tokens; each store as `<III` (seq id, entry,
 length); evicts as a uint32 array; with FLAG_ROLLBACKS, a uint16 count and the rollbacks
 as a uint16 array; with FLAG_DRAFTS, one uint8 count per next token, then all the drafts'
-tokens as one uint32 array. A plan of a step that does not speculate is as long as in
-version 2.
+tokens as one uint32 array; with FLAG_PREFILL, the prefill budget as a uint32. A plan of a
+step that neither speculates nor prefills is as long as in version 2.
 `fingerprint` describes the batch and the prefix entries every rank must hold *before*
 applying the plan. Every rank applies a plan in one order: rollbacks, evicts, stores,
 removes, next tokens (with their drafts), inserts.
@@ -20,11 +20,12 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-PLAN_VERSION = 3  # 3: speculative steps (drafts and rollbacks)
+PLAN_VERSION = 4  # 3: speculative steps (drafts and rollbacks); 4: the prefill budget
 FLAG_STOP = 1
 FLAG_SLEEP = 2
 FLAG_DRAFTS = 4
 FLAG_ROLLBACKS = 8
+FLAG_PREFILL = 16
 MAX_DRAFT = 255  # tokens proposed for one row (a uint8 count)
 
 _HEADER = struct.Struct("<BBQQHHHHH")
@@ -71,6 +72,9 @@ class StepPlan:
         after it: the row's forward takes them as further positions (engine/speculation.py).
     rollbacks: per decoding sequence as held before this plan (empty: none), how many of the
         positions the previous step wrote it drops: the proposals rank 0 did not accept.
+    prefill: the most prompt tokens the step prefills, over all prefilling sequences
+        (engine/prefill_budget.py; 0: none, the step only decodes; None: the engine's
+        PREFILL_CHUNK_SIZE).
     """
 
     step: int
@@ -82,6 +86,7 @@ class StepPlan:
     evicts: list[int] = field(default_factory=list)
     drafts: list[list[int]] = field(default_factory=list)
     rollbacks: list[int] = field(default_factory=list)
+    prefill: int | None = None
     stop: bool = False
     sleep: bool = False
 
@@ -90,6 +95,7 @@ class StepPlan:
         flags = (FLAG_STOP if self.stop else 0) | (FLAG_SLEEP if self.sleep else 0)
         drafted = any(self.drafts)
         flags |= FLAG_ROLLBACKS if self.rollbacks else 0
+        flags |= FLAG_PREFILL if self.prefill is not None else 0
         if drafted:
             flags |= FLAG_DRAFTS
             if len(self.drafts) != len(self.tokens):
@@ -128,6 +134,8 @@ class StepPlan:
             parts.append(bytes(len(d) for d in self.drafts))
             flat = [t for d in self.drafts for t in d]
             parts.append(struct.pack(f"<{len(flat)}I", *flat))
+        if self.prefill is not None:
+            parts.append(struct.pack("<I", self.prefill))
         return b"".join(parts)
 
     @classmethod
@@ -172,6 +180,10 @@ class StepPlan:
                 for count in counts:
                     drafts.append(list(struct.unpack_from(f"<{count}I", data, offset)))
                     offset += 4 * count
+            prefill = None
+            if flags & FLAG_PREFILL:
+                (prefill,) = struct.unpack_from("<I", data, offset)
+                offset += 4
         except struct.error as exc:
             raise PlanDecodeError(f"truncated or malformed step plan: {exc}") from None
         if offset != len(data):
@@ -186,6 +198,7 @@ class StepPlan:
             evicts=evicts,
             drafts=drafts,
             rollbacks=rollbacks,
+            prefill=prefill,
             stop=bool(flags & FLAG_STOP),
             sleep=bool(flags & FLAG_SLEEP),
         )

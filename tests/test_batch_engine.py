@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -27,16 +29,22 @@ def greedy_run(
     prompts: list[list[int]],
     steps: int = 8,
     compiled: CompiledDecode | None = None,
+    budgets: list[int | None] | None = None,
 ) -> dict:
-    """Feed all prompts at once, decode greedily; {seq id: (tokens, first logits)}."""
+    """Feed all prompts at once, decode greedily; {seq id: (tokens, first logits)}.
+    `budgets`: the prefill budget each plan carries in turn (as rank 0's would), cycled."""
     engine = BatchEngine(model, chunk, compiled=compiled)
     inserts = [Insert(i + 1, p) for i, p in enumerate(prompts)]
-    plan = StepPlan(step=0, fingerprint=engine.fingerprint(), inserts=inserts)
+    cycle = itertools.cycle(budgets or [None])
+    plan = StepPlan(step=0, fingerprint=engine.fingerprint(), inserts=inserts, prefill=next(cycle))
     out: dict[int, tuple[list[int], np.ndarray | None]] = {}
     next_tokens: dict[int, int] = {}
     while any(len(out.get(i + 1, ([], None))[0]) < steps for i in range(len(prompts))):
         engine.apply(plan)
+        decoding = bool(engine.decode_ids)
         result = engine.run()
+        if budgets and decoding:  # beside answers, a step prefills the plan's budget at most
+            assert result.prefill_tokens <= engine.prefill_budget
         if result.logits is not None:
             rows = np.array(result.logits.astype(mx.float32))
             for seq_id, row in zip(result.seq_ids, rows, strict=True):
@@ -47,6 +55,7 @@ def greedy_run(
             step=engine.step_index,
             fingerprint=engine.fingerprint(),
             tokens=[next_tokens[s] for s in engine.decode_ids],
+            prefill=next(cycle),
         )
     return out
 
@@ -59,6 +68,17 @@ def test_batched_chunked_and_lone_prefill_agree(model):
         for other in (together[index + 1], chunked[index + 1]):
             assert other[0][: len(alone[0])] == alone[0]
             np.testing.assert_allclose(other[1], alone[1], atol=1e-4)
+
+
+def test_greedy_tokens_do_not_depend_on_the_plans_prefill_budgets(model):
+    """Rank 0 changes the chunk every step, or skips it (engine/prefill_budget.py): a long
+    prompt prefilled in uneven chunks beside running answers decodes as it does alone."""
+    prompts = [*PROMPTS[:3], list(range(200, 330))]  # the 130-token one arrives with them
+    uneven = greedy_run(model, chunk=64, prompts=prompts, budgets=[7, 33, 0, 1, 64, 16, 5])
+    for index, prompt in enumerate(prompts):
+        alone = greedy_run(model, chunk=256, prompts=[prompt])[1]
+        assert uneven[index + 1][0][: len(alone[0])] == alone[0]
+        np.testing.assert_allclose(uneven[index + 1][1], alone[1], atol=1e-4)
 
 
 def test_removing_a_sequence_keeps_the_others_on_track(model):

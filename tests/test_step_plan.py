@@ -20,10 +20,13 @@ ids = st.integers(min_value=0, max_value=2**32 - 1)
     inserts=st.lists(st.tuples(ids, st.lists(ids, max_size=50), ids, ids, ids), max_size=5),
     stores=st.lists(st.tuples(ids, ids, ids), max_size=5),
     evicts=st.lists(ids, max_size=5),
+    prefill=st.none() | ids,
     stop=st.booleans(),
     sleep=st.booleans(),
 )
-def test_plan_round_trips(step, fingerprint, removes, tokens, inserts, stores, evicts, stop, sleep):
+def test_plan_round_trips(
+    step, fingerprint, removes, tokens, inserts, stores, evicts, prefill, stop, sleep
+):
     plan = StepPlan(
         step=step,
         fingerprint=fingerprint,
@@ -32,6 +35,7 @@ def test_plan_round_trips(step, fingerprint, removes, tokens, inserts, stores, e
         inserts=[Insert(*fields) for fields in inserts],
         stores=[Store(*fields) for fields in stores],
         evicts=evicts,
+        prefill=prefill,
         stop=stop,
         sleep=sleep,
     )

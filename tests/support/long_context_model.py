@@ -25,7 +25,12 @@ from acquisition.source import default_gguf_path
 REPLY = "Done."
 
 
-def write_long_context_model(directory: Path, positions: int = 65536, seed: int = 0) -> Path:
+def write_long_context_model(
+    directory: Path, positions: int = 65536, seed: int = 0, layers: int = 1
+) -> Path:
+    """`layers` above 1: a prefill computes attention over the cache in every chunk (with
+    one, a chunk's only attention is the last layer's, which a non-final chunk never
+    evaluates: only its KV, not its logits, is needed)."""
     directory.mkdir(parents=True, exist_ok=True)
     metadata = read_header(default_gguf_path()).metadata
     tokenizer_json, tokenizer_config = build_tokenizer_files(metadata, positions)
@@ -41,7 +46,7 @@ def write_long_context_model(directory: Path, positions: int = 65536, seed: int 
         "num_key_value_heads": 2,
         "head_dim": 16,
         "intermediate_size": 128,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": layers,
         "vocab_size": len(metadata["tokenizer.ggml.tokens"]),
         "rms_norm_eps": 1e-5,
         "rope_theta": 100000.0,

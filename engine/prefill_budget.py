@@ -1,0 +1,154 @@
+"""Rank 0's prefill budget: how many prompt tokens the next step prefills.
+
+Alone on the cluster (no answer decoding) a prompt prefills PREFILL_CHUNK_SIZE tokens a
+step. Beside running answers each step earns the prefill (PREFILL_SLOWDOWN - 1) times a
+decode step's time, a credit that the measured prefill time spends, so the answers' mean
+inter-token latency grows by at most PREFILL_SLOWDOWN (2: the prefill gets as much time
+as the decodes). A step's chunk is the most tokens the step-time model predicts fit in the
+credit, at least MIN_CHUNK; while the credit does not cover the smallest chunk (a long
+context makes even a few tokens cost more than one step's allowance) steps only decode,
+saving up to SAVED_STEPS steps' allowance, so a prefill step's latency stays bounded.
+
+The step-time model, fitted from rank 0's own steps: a decode step of B rows costs D(B)
+(running average of decode-only steps by rows); a prefill forward of c tokens that starts
+at context position L costs f + g L + a c + b c (L + c / 2): a fixed cost (the weights,
+the dispatch), reading the cache, a cost per token (the products), and attention over the
+cache, which grows with the context and dominates a long prefill on a CPU. The
+coefficients come from a least-squares fit, none negative, over recent prefill steps (their
+time less the predicted decode part), weighted toward recent steps, over a weak, optimistic
+prior; a chunk is never more than twice the largest prefill forward measured, so the model
+is not trusted far beyond its data (and steps of growing chunks give the fit the spread of
+sizes that tells the costs apart). Every rank
+applies rank 0's number from the step plan; nothing here reads another rank's clock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_CHUNK = 16
+AVERAGE = 0.2  # weight of a new decode-step measurement in its running average
+FORGET = 0.98  # weight the fit keeps of the past at each prefill step
+SAVED_STEPS = 2  # the most steps' allowance the credit holds
+# Features are scaled so the prior's weight means the same in each: per forward, per 10K
+# cached positions a forward reads, per 100 tokens, per million token x position pairs.
+_SCALE = np.array([1.0, 1e-4, 1e-2, 1e-6])
+# A weak prior (ms), optimistic on purpose (the doubling cap limits a miss): 1 ms a
+# forward and 1e-4 ms a cached position it reads, 0.05 ms a token, 5e-6 ms a token and
+# cached position; a tenth of a step's weight.
+_PRIOR = np.array([1.0, 1.0, 5.0, 5.0])
+_PRIOR_WEIGHT = 0.1
+
+
+def _features(pieces: list[tuple[int, int]]) -> np.ndarray:
+    """Sum over a step's prefill forwards (context L, tokens c) of (1, L, c, c (L + c/2))."""
+    total = np.zeros(4)
+    for context, tokens in pieces:
+        if tokens > 0:
+            total += (1.0, context, tokens, tokens * (context + tokens / 2))
+    return total * _SCALE
+
+
+def _nonnegative_solve(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
+    """The least-squares coefficients with none negative (a negative cost would let a
+    chunk grow without bound): drop the negative ones and solve again for the rest."""
+    keep = np.ones(len(moment), dtype=bool)
+    solved = np.zeros(len(moment))
+    while keep.any():
+        solved[:] = 0.0
+        solved[keep] = np.linalg.solve(gram[np.ix_(keep, keep)], moment[keep])
+        if (solved >= 0).all():
+            break
+        keep &= solved > 0
+    return solved
+
+
+class PrefillBudget:
+    """Step times measured by rank 0, and the prefill tokens a step may take."""
+
+    def __init__(self, alone: int, slowdown: float, min_chunk: int = MIN_CHUNK) -> None:
+        self.alone = alone
+        self.slowdown = slowdown
+        self.min_chunk = min(min_chunk, alone)
+        self.decode_ms: dict[int, float] = {}
+        self.largest = 0  # the most tokens of one prefill forward measured
+        self.credit = 0.0  # ms of prefill the answers have allowed and not yet spent
+        self._gram = np.eye(4) * _PRIOR_WEIGHT
+        self._moment = _PRIOR * _PRIOR_WEIGHT
+        self.coefficients = _PRIOR.copy()
+
+    # ---- measurements ------------------------------------------------------------
+
+    def observe(self, rows: int, pieces: list[tuple[int, int]], ms: float) -> None:
+        """A step's time: `rows` decoding rows and prefill forwards `pieces`."""
+        x = _features(pieces)
+        self.largest = max([self.largest, *(tokens for _, tokens in pieces)])
+        decode_ms = self.decode(rows) if rows else None
+        if decode_ms is not None:  # the answers allow (slowdown - 1) x their step each step
+            allowance = (self.slowdown - 1.0) * decode_ms
+            spent = max(0.0, ms - decode_ms) if x.any() else 0.0
+            self.credit = min(SAVED_STEPS * allowance, self.credit + allowance - spent)
+        if not x.any():
+            if rows:
+                before = self.decode_ms.get(rows)
+                self.decode_ms[rows] = ms if before is None else before + AVERAGE * (ms - before)
+            return
+        prefill_ms = ms - (decode_ms or 0.0)
+        if prefill_ms <= 0:
+            return
+        prior_gram, prior_moment = np.eye(4) * _PRIOR_WEIGHT, _PRIOR * _PRIOR_WEIGHT
+        self._gram = FORGET * (self._gram - prior_gram) + prior_gram + np.outer(x, x)
+        self._moment = FORGET * (self._moment - prior_moment) + prior_moment + x * prefill_ms
+        self.coefficients = _nonnegative_solve(self._gram, self._moment)
+
+    def decode(self, rows: int) -> float | None:
+        """A decode step's ms for `rows` rows (the nearest measured count's)."""
+        if rows in self.decode_ms:
+            return self.decode_ms[rows]
+        if not self.decode_ms:
+            return None
+        near = min(self.decode_ms, key=lambda r: abs(r - rows))
+        return self.decode_ms[near]
+
+    def predict(self, pieces: list[tuple[int, int]]) -> float:
+        """Milliseconds the prefill forwards `pieces` add to a step."""
+        return float(_features(pieces) @ self.coefficients)
+
+    # ---- the decision ------------------------------------------------------------
+
+    def tokens(self, rows: int, pending: list[tuple[int, int]]) -> int:
+        """Prefill tokens for the next step (0: none, this step only decodes): `rows`
+        decoding rows, and each prefilling sequence's (positions cached, tokens left) in
+        the order the engine takes them."""
+        if not rows:
+            return self.alone
+        decode_ms = self.decode(rows)
+        if decode_ms is None:
+            return self.min_chunk  # no decode step measured yet: take the smallest chunk
+        smallest = self.predict([(pending[0][0], min(self.min_chunk, pending[0][1]))])
+        if self.credit < min(smallest, SAVED_STEPS * (self.slowdown - 1.0) * decode_ms):
+            return 0  # save the allowance of this step for a chunk worth its forward
+        left, total = self.credit, 0
+        for context, remaining in pending:
+            take = self._fit(context, remaining, left)
+            if take <= 0:
+                break
+            left -= self.predict([(context, take)])
+            total += take
+            if take < remaining:
+                break
+        return max(self.min_chunk, min(self.alone, 2 * self.largest, total))
+
+    def _fit(self, context: int, remaining: int, ms: float) -> int:
+        """The most tokens (up to `remaining`) one forward at `context` takes within `ms`."""
+        f, g, a, b = self.coefficients * _SCALE
+        room = ms - f - g * context
+        if room <= 0:
+            return 0
+        # b/2 c^2 + (a + b L) c <= room
+        linear = a + b * context
+        if b > 0:
+            c = (-linear + (linear * linear + 2 * b * room) ** 0.5) / b
+        else:
+            c = room / linear if linear > 0 else float(remaining)
+        return int(min(remaining, max(0.0, c)))

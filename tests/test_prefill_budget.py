@@ -1,0 +1,104 @@
+"""Rank 0's prefill budget (engine/prefill_budget.py): large chunks alone, and beside
+running answers the most tokens the fitted step-time model keeps within the slowdown."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.prefill_budget import MIN_CHUNK, SAVED_STEPS, PrefillBudget
+
+F, A, B = 2.0, 0.02, 1e-5  # ms per forward, per token, per token x context position
+
+
+def true_ms(pieces: list[tuple[int, int]]) -> float:
+    return sum(F + A * c + B * c * (L + c / 2) for L, c in pieces if c)
+
+
+def trained(decode_ms: float = 10.0, rows: int = 4) -> PrefillBudget:
+    """A budget that saw decode steps and prefill steps of a machine of known costs."""
+    budget = PrefillBudget(alone=2048, slowdown=2.0)
+    for _ in range(5):
+        budget.observe(rows, [], decode_ms)
+    for context in range(0, 30000, 1500):
+        for chunk in (16, 200, 1000):  # alone, and beside the decodes
+            budget.observe(0, [(context, chunk)], true_ms([(context, chunk)]))
+            both = decode_ms + true_ms([(context, 16)])  # within the budget
+            budget.observe(rows, [(context, 16)], both)
+    return budget
+
+
+def test_alone_a_prompt_prefills_the_large_chunk():
+    assert PrefillBudget(alone=1024, slowdown=2.0).tokens(0, [(0, 30000)]) == 1024
+
+
+def test_before_any_decode_step_is_measured_the_chunk_is_the_smallest():
+    assert PrefillBudget(alone=1024, slowdown=2.0).tokens(4, [(0, 30000)]) == MIN_CHUNK
+
+
+def test_the_fit_finds_the_machines_costs():
+    budget = trained()
+    for pieces in ([(0, 500)], [(20000, 64)], [(8000, 300)]):
+        assert budget.predict(pieces) == pytest.approx(true_ms(pieces), rel=0.05)
+
+
+def prefill_beside_answers(budget: PrefillBudget, start: int, tokens: int) -> list[tuple]:
+    """Steps of 4 answers (10 ms) beside a prompt of `tokens` after `start` cached ones,
+    on the machine of known costs: (chunk, step ms) each."""
+    steps = []
+    context = start
+    while context < start + tokens:
+        chunk = budget.tokens(4, [(context, start + tokens - context)])
+        ms = 10.0 + true_ms([(context, chunk)])
+        budget.observe(4, [(context, chunk)] if chunk else [], ms)
+        steps.append((chunk, ms))
+        context += chunk
+    return steps
+
+
+def test_beside_answers_the_steps_stay_within_the_slowdown_on_average():
+    for start in (0, 8000, 16000, 30000):
+        steps = prefill_beside_answers(trained(decode_ms=10.0), start, 3000)
+        mean = sum(ms for _, ms in steps) / len(steps)
+        assert mean <= 2.0 * 10.0 * 1.1, (start, mean)
+        assert max(ms for _, ms in steps) <= (1 + SAVED_STEPS) * 10.0 * 1.1
+        assert mean >= 1.5 * 10.0  # and the prefill uses most of what it may
+
+
+def test_a_long_context_prefills_in_fewer_larger_steps_than_its_allowance_per_step():
+    """At 60K positions even 16 tokens cost more than one step's 10 ms: some steps only
+    decode and save their allowance for the next chunk."""
+    steps = prefill_beside_answers(trained(decode_ms=10.0), 60000, 1000)
+    assert any(chunk == 0 for chunk, _ in steps)
+    early = prefill_beside_answers(trained(decode_ms=10.0), 0, 1000)
+    assert all(chunk for chunk, _ in early)
+
+
+def test_a_chunk_is_at_most_twice_the_largest_forward_measured():
+    budget = PrefillBudget(alone=2048, slowdown=2.0)
+    budget.observe(4, [], 10.0)
+    budget.observe(0, [(0, 40)], 2.0)
+    taken = []
+    for _ in range(4):  # the prior thinks prefill is cheap: the chunk doubles step by step
+        budget.credit = 1000.0
+        taken.append(budget.tokens(4, [(100, 50000)]))
+        budget.observe(4, [(100, taken[-1])], 10.0 + 0.01 * taken[-1])
+    assert taken == [80, 160, 320, 640]
+
+
+def test_a_step_that_ran_over_is_paid_back_by_steps_that_only_decode():
+    budget = trained(decode_ms=10.0)
+    budget.observe(4, [(1000, 300)], 60.0)  # 50 ms of prefill against 10 allowed a step
+    assert budget.credit < 0
+    skipped = 0
+    while budget.tokens(4, [(1000, 50000)]) == 0:
+        budget.observe(4, [], 10.0)
+        skipped += 1
+    assert skipped >= 3
+
+
+def test_a_larger_slowdown_gives_larger_chunks():
+    small = prefill_beside_answers(trained(), 10000, 2000)
+    budget = trained()
+    budget.slowdown = 3.0
+    large = prefill_beside_answers(budget, 10000, 2000)
+    assert len(large) < len(small)
