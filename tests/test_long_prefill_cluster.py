@@ -11,6 +11,7 @@ seconds before it, both measured from the stream's arrival times in this one run
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from statistics import mean
@@ -104,10 +105,11 @@ def long_prompt_beside_streams(client: RankClient) -> dict[str, float]:
     }
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the 3x bound held in 3 of 6 runs on this 2-core host under a load average of "
-    "8-10 from other jobs (fixed chunks: 5.8x at 256, 8.6x at 1024); not yet reliable",
+@pytest.mark.skipif(
+    os.environ.get("PREFILL_MEASURE") != "1",
+    reason="opt-in (PREFILL_MEASURE=1) until it holds: the 3x bound held in 3 of 6 runs on "
+    "this 2-core host under a load average of 8-10 from other jobs (fixed chunks: 5.8x at "
+    "256, 8.6x at 1024); issue 29 stays open for it",
 )
 def test_a_long_prompt_leaves_running_answers_streaming(tmp_path):
     model = write_endless_model(tmp_path / "endless")
