@@ -250,7 +250,11 @@ def test_constrained_bench_measures_every_part_on_a_tiny_tokenizer(tmp_path) -> 
     grammar = GrammarTokens(tokenizer, len(tokenizer), eos)
     row = measure(grammar, GRAMMARS["tool_call"], eos, batch=2, steps=40)
     assert row["tokens"] == 80 and row["documents"] >= 2
-    assert row["added_ms_per_token"] >= row["grammar_ms_per_token"] > 0
+    # what a grammar adds is its own work plus the masked sampling's extra (a timing
+    # comparison between them failed under load: 0.132 against 0.137 ms in a CI run)
+    assert row["grammar_ms_per_token"] > 0
+    parts = row["grammar_ms_per_token"] + row["apply_ms_per_token"]
+    assert row["added_ms_per_token"] == pytest.approx(parts, abs=2e-4)
     assert row["sample_free_ms_per_token"] > 0 and row["compile_ms_median"] > 0
 
 
