@@ -123,6 +123,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--conversations", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--positions", type=int, default=32768)
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="an MLX directory whose context holds the prompt (both servers, every rank "
+        "count); default: the default model given --positions",
+    )
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--json", type=Path, default=ROOT / "run" / "bench" / "claude_code.json")
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = os.environ | {"MODEL": "", "IMPORT_DTYPE": "float32"}
     env |= {"MODEL_CACHE_DIR": str(args.cache_dir)} | preload(env, few_rows=False)
-    base = resolve_model_dir(env)
+    base = args.model or resolve_model_dir(env)
     system, question = as_chat(capture_first_request())
     count = token_counter(base)
     log(f"Claude Code's first request: {count(system) + count(question)} tokens as chat text")
@@ -141,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for ranks in args.ranks:
         # 2 ranks: the even-head variant, which mlx_lm.server can split (bench.compare)
-        source = base if ranks == 1 else make_even_variant(base, args.cache_dir / "even-smollm")
-        model = long_variant(source, args.cache_dir / f"long-{source.name}", args.positions)
+        if args.model:
+            model = args.model
+        else:
+            even = make_even_variant(base, args.cache_dir / "even-smollm")
+            source = base if ranks == 1 else even
+            model = long_variant(source, args.cache_dir / f"long-{source.name}", args.positions)
         for kind in args.servers:
             if kind == "ours":
                 server: Ours | Peer = Ours(ranks, env, model, workdir)
