@@ -8,6 +8,7 @@ the cluster takes to serve again: the chaos tests' probes and their report rows.
   10th chunk; the median gap between chunks before and under it.
 - `HealthWatch`: /health polled in the background; whether it stayed ready.
 - `wait_ready_again`: /health polled every 0.1 s until it answers 200.
+- `log_shows`: a log polled until it holds a line.
 - `ask`: one short chat completion (a new request sent during the restart).
 - `cluster_processes`: the project's processes by role, to prove none is left over.
 - `report`: one row per fault, printed and, with CHAOS_REPORT=path, appended as JSON
@@ -158,6 +159,18 @@ def wait_ready_again(url: str, since: float, timeout: float = 180) -> float:
             return time.monotonic() - since
         time.sleep(0.1)
     raise AssertionError(f"/health not ready {timeout:.0f} s after the fault: {health(url)}")
+
+
+def log_shows(path: Path, text: str, timeout: float = 20) -> None:
+    """Wait until the log at `path` holds `text`: a line written by a rank reaches the file
+    later than the client sees its effect."""
+    deadline = time.monotonic() + timeout
+    while text not in (written := path.read_text()):
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{path.name} lacks {text!r} after {timeout:.0f} s:\n{written[-3000:]}"
+            )
+        time.sleep(0.2)
 
 
 def ask(url: str, timeout: float = 180) -> tuple[int, float, str]:
