@@ -23,7 +23,7 @@ from mlx_lm.utils import load_tokenizer
 from config.logging_setup import setup_logging
 from config.settings import Settings, run_with_settings
 from distributed.broadcast import Broadcaster
-from distributed.group import init_group, leader_address
+from distributed.group import GroupJoinError, init_group, leader_address
 from distributed.loader import ModelInfo, ModelLoadError, install_eval_guard, load_for_rank
 from distributed.memory import prefix_budget
 from distributed.profile import CollectiveProfiler
@@ -133,7 +133,12 @@ def _peer_lost(exc: RuntimeError) -> bool:
 
 
 def main(settings: Settings) -> int:
-    group, ident = init_group(settings.distributed_backend)
+    try:
+        group, ident = init_group(settings.distributed_backend)
+    except GroupJoinError as exc:
+        setup_logging(settings.log_level, f"r{os.environ.get('MLX_RANK', '?')}")
+        log.error("%s", exc)  # the supervisor starts the ranks again
+        return 1
     setup_logging(settings.log_level, ident.role)
     log.info(
         "rank %d of %d on %s (backend %s)", ident.rank, ident.world_size, ident.host, ident.backend

@@ -7,8 +7,19 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlx.core as mx
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+
+# MLX's ring backend gives a rank about 31 s to reach its neighbour (measured: `[ring]
+# Couldn't connect (error: 111)` after 31.2 s with no listener), then raises.
+JOIN_FAILED = "could not join the group"
+
+
+class GroupJoinError(RuntimeError):
+    """The distributed backend gave up reaching a peer before the group formed."""
 
 
 @dataclass(frozen=True)
@@ -33,13 +44,23 @@ class RankIdentity:
 def init_group(backend: str) -> tuple[mx.distributed.Group, RankIdentity]:
     """Join the job's group with DISTRIBUTED_BACKEND (`any` lets MLX choose).
 
-    A single process started without mlx.launch gets a group of size 1.
+    A single process started without mlx.launch gets a group of size 1. Raises
+    GroupJoinError when the backend could not reach a peer.
     """
+    import mlx.core as mx  # here: the supervisor reads JOIN_FAILED without loading MLX
+
     hostfile = os.environ.get("MLX_HOSTFILE", "")
     if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
         # `mlx.launch -n 1` writes an empty hostfile, which the ring backend cannot parse.
         del os.environ["MLX_HOSTFILE"]
-    group = mx.distributed.init(strict=False, backend=backend)
+    try:
+        group = mx.distributed.init(strict=False, backend=backend)
+    except RuntimeError as exc:
+        rank = os.environ.get("MLX_RANK", "?")
+        raise GroupJoinError(
+            f"rank {rank} {JOIN_FAILED} ({backend}): {exc}; a peer rank was not listening yet"
+            " (still starting, or its host unreachable)"
+        ) from None
     identity = RankIdentity(
         rank=group.rank(),
         world_size=group.size(),

@@ -120,6 +120,19 @@ def read_state(path: Path) -> SupervisorState | None:
     return state if pid_alive(state.pid) else None
 
 
+def print_status(path: Path) -> int:
+    """`./launch.sh status`'s supervisor lines; exit 0 only while the ranks run."""
+    state = read_state(path)
+    if state is None:
+        print("supervisor: DOWN (nothing restarts the ranks; ./launch.sh start)")
+        return 1
+    print(f"supervisor: {state.summary()} (pid {state.pid})")
+    for failure in state.history[-3:]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(failure.at))
+        print(f"    {when} {failure.what}: {failure.reason}")
+    return 0 if state.phase == "running" else 1
+
+
 class StateReader:
     """Reads the file again only when it changed (api.py asks on every /health)."""
 
