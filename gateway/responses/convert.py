@@ -28,15 +28,7 @@ from gateway.responses.protocol import (
     ReasoningItem,
     ResponsesRequest,
 )
-from ipc.protocol import (
-    ChatMessage,
-    OutputFormat,
-    SamplingParams,
-    Submit,
-    ToolCall,
-    ToolChoice,
-    ToolSpec,
-)
+from ipc import protocol as rank0  # the message rank 0 takes, apart from this API's wire
 
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 
@@ -90,16 +82,16 @@ def _text(content: str | list[ContentPart], param: str) -> str:
     return "\n".join(texts)
 
 
-def conversation(items: list[InputItem]) -> list[ChatMessage]:
+def conversation(items: list[InputItem]) -> list[rank0.ChatMessage]:
     """Items as chat turns: calls join the assistant turn before them (or open one), their
     outputs become tool turns, reasoning goes to the next assistant turn."""
-    out: list[ChatMessage] = []
+    out: list[rank0.ChatMessage] = []
     names: dict[str, str] = {}  # call_id -> function name, for the tool turns
     reasoning: list[str] = []
 
-    def assistant_turn() -> ChatMessage:
+    def assistant_turn() -> rank0.ChatMessage:
         if not out or out[-1].role != "assistant":
-            out.append(ChatMessage(role="assistant"))
+            out.append(rank0.ChatMessage(role="assistant"))
         turn = out[-1]
         if reasoning:
             turn.reasoning = "\n".join(filter(None, [turn.reasoning, *reasoning]))
@@ -116,26 +108,28 @@ def conversation(items: list[InputItem]) -> list[ChatMessage]:
             turn.content = "\n".join(filter(None, [turn.content, _text(item.content, param)]))
         elif isinstance(item, MessageItem):
             role = "user" if item.role == "user" else "system"
-            out.append(ChatMessage(role=role, content=_text(item.content, param)))
+            out.append(rank0.ChatMessage(role=role, content=_text(item.content, param)))
         elif isinstance(item, FunctionCallItem):
             names[item.call_id] = item.name
-            call = ToolCall(id=item.call_id, name=item.name, arguments=item.arguments or "{}")
+            call = rank0.ToolCall(id=item.call_id, name=item.name, arguments=item.arguments or "{}")
             assistant_turn().tool_calls.append(call)
         elif isinstance(item, FunctionCallOutputItem):
             text = _text(item.output, f"input[{index}].output")
             name = names.get(item.call_id)
-            out.append(ChatMessage(role="tool", content=text, tool_call_id=item.call_id, name=name))
+            out.append(
+                rank0.ChatMessage(role="tool", content=text, tool_call_id=item.call_id, name=name)
+            )
     return out
 
 
-def tool_choice(request: ResponsesRequest, names: list[str]) -> ToolChoice:
+def tool_choice(request: ResponsesRequest, names: list[str]) -> rank0.ToolChoice:
     choice = request.tool_choice
     if choice is None:
-        result = ToolChoice()
+        result = rank0.ToolChoice()
     elif isinstance(choice, FunctionChoice):
-        result = ToolChoice(mode="function", name=choice.name)
+        result = rank0.ToolChoice(mode="function", name=choice.name)
     else:
-        result = ToolChoice(mode=choice)
+        result = rank0.ToolChoice(mode=choice)
     try:
         check_tool_choice(result, names)
     except ValueError as exc:
@@ -143,37 +137,41 @@ def tool_choice(request: ResponsesRequest, names: list[str]) -> ToolChoice:
     return result
 
 
-def output_format(request: ResponsesRequest) -> OutputFormat | None:
+def output_format(request: ResponsesRequest) -> rank0.OutputFormat | None:
     form = request.text.format if request.text else None
     if form is None or form.type == "text":
         return None
     if form.type == "json_object":
-        return OutputFormat(type="json_object", param="text.format")
+        return rank0.OutputFormat(type="json_object", param="text.format")
     if form.schema_ is None:
         raise ConversionError("text.format of type json_schema needs a schema", "text.format")
-    return OutputFormat(type="json_schema", json_schema=form.schema_, param="text.format.schema")
+    return rank0.OutputFormat(
+        type="json_schema", json_schema=form.schema_, param="text.format.schema"
+    )
 
 
-def turns(request: ResponsesRequest, history: list[ChatMessage]) -> list[ChatMessage]:
+def turns(request: ResponsesRequest, history: list[rank0.ChatMessage]) -> list[rank0.ChatMessage]:
     """The conversation: the stored history, then the new items (no instructions)."""
     return history + conversation(parse_items(request.input))
 
 
 def to_submit(
-    request: ResponsesRequest, dialogue: list[ChatMessage], request_id: str, limits: Limits
-) -> Submit:
+    request: ResponsesRequest, dialogue: list[rank0.ChatMessage], request_id: str, limits: Limits
+) -> rank0.Submit:
     """Rank 0's request: the instructions as the system turn, then the conversation."""
     messages = list(dialogue)
     if request.instructions:
-        messages.insert(0, ChatMessage(role="system", content=request.instructions))
-    specs = [ToolSpec.of(t.name, t.description, t.parameters) for t in request.function_tools()]
+        messages.insert(0, rank0.ChatMessage(role="system", content=request.instructions))
+    specs = [
+        rank0.ToolSpec.of(t.name, t.description, t.parameters) for t in request.function_tools()
+    ]
     effort = request.reasoning.effort if request.reasoning else None
-    params = SamplingParams(
+    params = rank0.SamplingParams(
         max_tokens=limits.max_tokens(request.max_output_tokens),
         temperature=request.temperature,
         top_p=request.top_p,
     )
-    return Submit(
+    return rank0.Submit(
         id=request_id,
         messages=messages,
         params=params,
@@ -185,15 +183,15 @@ def to_submit(
     )
 
 
-def answer_turn(items: list[OutputItem]) -> ChatMessage:
+def answer_turn(items: list[OutputItem]) -> rank0.ChatMessage:
     """The output as the assistant turn a continued conversation replays."""
-    turn = ChatMessage(role="assistant")
+    turn = rank0.ChatMessage(role="assistant")
     for item in items:
         if isinstance(item, OutputReasoning):
             turn.reasoning = "".join(part.text for part in item.content)
         elif isinstance(item, OutputMessage):
             turn.content = "".join(part.text for part in item.content)
         else:
-            call = ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
+            call = rank0.ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
             turn.tool_calls.append(call)
     return turn
