@@ -25,7 +25,7 @@ from config.settings import Settings, run_with_settings
 from distributed.broadcast import Broadcaster
 from distributed.group import GroupJoinError, init_group, leader_address
 from distributed.loader import ModelInfo, ModelLoadError, install_eval_guard, load_for_rank
-from distributed.memory import prefix_budget
+from distributed.memory import KV_GROUP_SIZE, prefix_budget
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from distributed.watchdog import CollectiveWatchdog
@@ -40,6 +40,7 @@ from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefill_budget import PrefillBudget
 from engine.prefix_cache import PrefixCache
 from engine.prefix_store import budget_tokens, kv_bytes_per_token
+from engine.quantized_kv import agreed_bits
 from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
 from engine.speculation import Speculator, rollback_refusal
@@ -187,11 +188,16 @@ def main(settings: Settings) -> int:
     if head_on_last_position(model):
         log.debug("output head: last position only (engine/last_logits.py)")
     with watchdog.guard("KV size probe (one-token forward)"):
-        per_token = kv_bytes_per_token(model, group)
+        kv_bits, refused = agreed_bits(model, settings.kv_bits, group)
+        per_token = kv_bytes_per_token(model, group, kv_bits)
+    if refused:
+        log.warning("KV cache: float, not %s bits: %s", settings.kv_bits, refused)
+    elif kv_bits:
+        log.info("KV cache: %d bits in groups of %d (KV_CACHE_BITS)", kv_bits, KV_GROUP_SIZE)
     # After the probe: the guard does not nest, and the probe holds one around its forward.
     evaluating_parts = install_eval_guard(model, watchdog.guard)
     compiled = _compiled_decode(settings, model, evaluating_parts, profiler is not None)
-    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard, compiled)
+    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard, compiled, kv_bits)
     budget = prefix_budget(
         settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
     )

@@ -156,6 +156,9 @@ class Settings(BaseSettings):
     speculative: Literal["auto", "always", "off"] = "off"
     spec_tokens: int = Field(default=4, ge=1, le=64)
     linear_layout: LinearLayout = "plain"
+    # the KV cache's bits on every rank (engine/quantized_kv.py): none keeps the model's
+    # float type; 8 or 4 quantize keys and values in groups of 64 along the head
+    kv_cache_bits: Literal["none", "8", "4"] = "none"
     # off: no native kernel (native/sgemm_rows.c) in any rank's preload (launcher/cpu_layer.py)
     native_kernels: Literal["auto", "off"] = "auto"
     # per rank; None: 25% of the memory each rank has left after its weights
@@ -231,6 +234,11 @@ class Settings(BaseSettings):
                 f"MAX_SEQUENCE_LENGTH ({self.max_sequence_length})"
             )
         return self
+
+    @property
+    def kv_bits(self) -> int | None:
+        """KV_CACHE_BITS as a number; None for the model's float type."""
+        return None if self.kv_cache_bits == "none" else int(self.kv_cache_bits)
 
     @property
     def remote_mode(self) -> bool:

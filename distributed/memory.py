@@ -13,6 +13,7 @@ sequence instead.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from distributed.plan import Plan, make_plan
 PREFIX_SHARE = 0.25
 # The shortest context a plan may leave each of MAX_BATCH_SIZE sequences: less is refused.
 MIN_CONTEXT = 256
+# KV_CACHE_BITS quantizes keys and values in groups of this many elements along a head
+# (mlx-lm's QuantizedKVCache default; engine/quantized_kv.py).
+KV_GROUP_SIZE = 64
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
@@ -79,8 +83,17 @@ def activation_bytes(model_dir: Path, config: dict) -> int:
     return {"float32": 4, "float64": 8}.get(named, 2)
 
 
-def kv_bytes(plan: Plan, element_bytes: int) -> list[tuple[int, int]]:
-    """(bytes per token, bytes per sequence for sliding windows) of each rank's KV cache."""
+def element_bytes(activation_bytes: int, bits: int | None) -> float:
+    """Bytes a KV element takes: the activation dtype's, or `bits` plus its group's scale
+    and bias (each of the activation dtype) shared by KV_GROUP_SIZE elements."""
+    if bits is None:
+        return float(activation_bytes)
+    return bits / 8 + 2 * activation_bytes / KV_GROUP_SIZE
+
+
+def kv_bytes(plan: Plan, element_bytes: float) -> list[tuple[int, int]]:
+    """(bytes per token, bytes per sequence for sliding windows) of each rank's KV cache;
+    `element_bytes` fractional where quantized."""
     s = plan.shape
     out = []
     for share in plan.ranks:
@@ -91,7 +104,8 @@ def kv_bytes(plan: Plan, element_bytes: int) -> list[tuple[int, int]]:
         local = range(*share.layers)
         sliding = sum(1 for i in local if i in s.sliding_layers)
         full = len(local) - sliding
-        out.append((full * per_layer, sliding * per_layer * (s.sliding_window or 0)))
+        window = sliding * per_layer * (s.sliding_window or 0)
+        out.append((math.ceil(full * per_layer), math.ceil(window)))
     return out
 
 
@@ -138,6 +152,7 @@ class FitReport(BaseModel):
     ranks: list[RankMemory]
     sequences: int  # MAX_BATCH_SIZE
     sequence_length: int  # MAX_SEQUENCE_LENGTH, or the model's context lowered to what fits
+    kv_bits: int | None = None  # KV_CACHE_BITS
 
     def problems(self) -> list[str]:
         short = [
@@ -157,7 +172,9 @@ class FitReport(BaseModel):
     def describe(self) -> list[str]:
         lines = [
             "memory per rank (weights from the safetensors headers; KV for MAX_BATCH_SIZE x "
-            f"MAX_SEQUENCE_LENGTH = {self.sequences} x {self.sequence_length} tokens):"
+            f"MAX_SEQUENCE_LENGTH = {self.sequences} x {self.sequence_length} tokens, "
+            f"{'float' if self.kv_bits is None else f'{self.kv_bits} bits'} "
+            "(KV_CACHE_BITS)):"
         ]
         for r in self.ranks:
             verdict = "fits" if not r.short_bytes else f"SHORT by {_gib(r.short_bytes)}"
@@ -190,12 +207,15 @@ def predict(
     sequences: int,
     sequence_length: int | None,
     prefix_setting: int | None = None,
+    kv_bits: int | None = None,
 ) -> FitReport:
     """Each rank's figures; `sequence_length` None: the model's context, lowered to the
-    longest every rank holds (as rank 0 chooses it: engine/context_window.py)."""
+    longest every rank holds (as rank 0 chooses it: engine/context_window.py). `kv_bits`
+    (KV_CACHE_BITS) applies where the ranks apply it: not to sliding-window models."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     weights = predict_weight_bytes(model_dir, plan)
-    kv = kv_bytes(plan, activation_bytes(model_dir, config))
+    bits = None if plan.shape.sliding_layers else kv_bits
+    kv = kv_bytes(plan, element_bytes(activation_bytes(model_dir, config), bits))
     ranks = []
     for rank, host in enumerate(hosts):
         per_token, per_sequence = kv[rank]
@@ -220,7 +240,9 @@ def predict(
         sequence_length = min([model_context(config) or FALLBACK_CONTEXT, *bounds])
     for memory, (per_token, per_sequence) in zip(ranks, kv, strict=True):
         memory.kv_bytes = sequences * (per_token * sequence_length + per_sequence)
-    return FitReport(plan=plan, ranks=ranks, sequences=sequences, sequence_length=sequence_length)
+    return FitReport(
+        plan=plan, ranks=ranks, sequences=sequences, sequence_length=sequence_length, kv_bits=bits
+    )
 
 
 def check_fit(
@@ -231,6 +253,7 @@ def check_fit(
     sequences: int = 8,
     sequence_length: int | None = None,
     prefix_setting: int | None = None,
+    kv_bits: int | None = None,
 ) -> FitReport:
     """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
     rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
@@ -242,7 +265,7 @@ def check_fit(
     the report), or when the split itself is refused."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     plan = make_plan(config, len(hosts), weights, parallelism, hosts)
-    report = predict(model_dir, plan, hosts, sequences, sequence_length, prefix_setting)
+    report = predict(model_dir, plan, hosts, sequences, sequence_length, prefix_setting, kv_bits)
     problems = report.problems()
     if problems:
         raise DoesNotFit("; ".join(problems) + ". What would work: " + _remedy(report), report)

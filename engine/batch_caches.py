@@ -1,11 +1,12 @@
 """Turning per-sequence mlx-lm caches into batch caches, for every cache kind a family uses.
 
-KVCache merges into BatchKVCache, RotatingKVCache (sliding windows) into
+KVCache merges into BatchKVCache, QuantizedKVCache (KV_CACHE_BITS) into
+BatchQuantizedKVCache (engine/quantized_kv.py), RotatingKVCache (sliding windows) into
 BatchRotatingKVCache, ArraysCache (recurrent state of linear attention) and CacheList
 (an attention cache beside an indexer's) into themselves. Left padding is set through
 `prepare` where the kind has it; ArraysCache's `prepare` takes lengths only, so its
 padding is set directly (its mask reads `left_padding`). A speculative step's rejected
-positions roll back in plain BatchKVCache layers only (`roll_back`).
+positions roll back in plain and quantized BatchKVCache layers only (`roll_back`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, dynamic_roll
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, QuantizedKVCache, dynamic_roll
+
+from engine.quantized_kv import BatchQuantizedKVCache
 
 
 def merged(per_sequence: Sequence[Sequence[Any]]) -> list[Any]:
     """Per layer, the sequences' caches merged into one batch cache."""
-    return [type(layer[0]).merge(list(layer)) for layer in zip(*per_sequence, strict=True)]
+    return [_batch_kind(layer[0]).merge(list(layer)) for layer in zip(*per_sequence, strict=True)]
+
+
+def _batch_kind(cache: Any) -> Any:
+    return BatchQuantizedKVCache if isinstance(cache, QuantizedKVCache) else type(cache)
 
 
 def left_pad(layers: Sequence[Any], padding: list[int]) -> None:
@@ -55,11 +62,14 @@ def roll_back(layers: Sequence[Any], drops: list[int]) -> None:
     shifts = mx.array([d - least for d in drops])
     uneven = least != max(drops)
     for layer in layers:
-        if type(layer) is not BatchKVCache:
+        if type(layer) not in (BatchKVCache, BatchQuantizedKVCache):
             raise TypeError(f"a {type(layer).__name__} cannot roll back positions")
         if uneven and layer.keys is not None:
-            layer.keys = dynamic_roll(layer.keys, shifts[:, None], axis=2)
-            layer.values = dynamic_roll(layer.values, shifts[:, None], axis=2)
+            if isinstance(layer, BatchQuantizedKVCache):
+                layer.roll(shifts)
+            else:
+                layer.keys = dynamic_roll(layer.keys, shifts[:, None], axis=2)
+                layer.values = dynamic_roll(layer.values, shifts[:, None], axis=2)
             layer.left_padding = layer.left_padding + shifts
             layer.offset = layer.offset - shifts
         if least:

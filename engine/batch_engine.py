@@ -3,8 +3,8 @@
 Every rank holds the same state in the same order. New sequences prefill alone with their
 own KV cache, in chunks of the plan's budget (engine/prefill_budget.py), so a long prompt
 never stalls the running batch for long; a prompt done joins the decode batch (a BatchKVCache
-per layer). A sequence may start from a prefix-cache entry (engine/prefix_store.py). A
-speculative step (speculation.py) gives decoding rows rank 0's proposed tokens: one eager
+per layer, quantized with KV_CACHE_BITS: engine/quantized_kv.py). A sequence may start from
+a prefix-cache entry (engine/prefix_store.py). A speculative step (speculation.py) gives decoding rows rank 0's proposed tokens: one eager
 forward over them all, right-padded; the next plan says how many positions each drops."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
 
 from distributed.head_positions import computing
 from distributed.watchdog import EvalGuard
@@ -23,6 +22,7 @@ from engine.batch_caches import left_pad, merged, roll_back
 from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.compiled_decode import CompiledDecode
 from engine.prefix_store import PrefixStore
+from engine.quantized_kv import make_caches
 from engine.step_plan import Insert, StepPlan, batch_fingerprint
 
 PHASE_PREFILL = 0
@@ -112,9 +112,9 @@ class BatchEngine:
         prefill_chunk_size: int,
         guard: EvalGuard | None = None,
         compiled: CompiledDecode | None = None,
+        kv_bits: int | None = None,
     ) -> None:
-        self.model = model
-        self.compiled = compiled
+        self.model, self.kv_bits, self.compiled = model, kv_bits, compiled
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = prefill_chunk_size  # this step's, from the plan
         self.last_prefill: list[tuple[int, int]] = []  # this step's (cached, tokens) forwards
@@ -126,7 +126,7 @@ class BatchEngine:
         self._next_tokens: list[int] = []
         self._drafts: list[list[int]] = []
         self.prefilling: list[_Prefill] = []
-        self.prefix = PrefixStore()
+        self.prefix = PrefixStore(kv_bits)
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -273,7 +273,7 @@ class BatchEngine:
             if len(group) > 1 and entry in group:
                 continue
             if not entry.cache:
-                entry.cache = make_prompt_cache(self.model)
+                entry.cache = make_caches(self.model, self.kv_bits)
             end = min(len(entry.tokens), entry.position + budget)
             chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
             logits = self._forward(chunk, entry.cache)
@@ -355,7 +355,7 @@ class BatchEngine:
         width = max(len(e.tokens) for e in group)
         padding = [width - len(e.tokens) for e in group]
         tokens = mx.array([[0] * p + e.tokens for p, e in zip(padding, group, strict=True)])
-        cache = merged([e.cache or make_prompt_cache(self.model) for e in group])
+        cache = merged([e.cache or make_caches(self.model, self.kv_bits) for e in group])
         left_pad(cache, padding)
         for entry in group:
             entry.position = len(entry.tokens)

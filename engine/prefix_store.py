@@ -4,7 +4,8 @@ heads (tensor parallel) or layers (pipeline), keyed by the entry ids rank 0 hand
 Entries are immutable. A request that reuses entry E for n tokens starts from fresh
 caches holding slices of E's arrays (slicing makes new arrays, so its own appends never
 touch E), which is why cancelling such a request leaves E intact. Only plain KV caches
-are cached (mlx-lm's KVCache, which also holds MLA's latent keys); a model whose caches
+are cached (mlx-lm's KVCache, which also holds MLA's latent keys, or with KV_CACHE_BITS its
+QuantizedKVCache, whose keys and values are triples); a model whose caches
 are of another kind (sliding windows' rotating buffers, recurrent state) runs without
 the prefix cache, and the log says so.
 """
@@ -17,25 +18,33 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx.utils import tree_map, tree_reduce
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+from engine.quantized_kv import KV_GROUP_SIZE, make_caches
 
 log = logging.getLogger("ring.prefix")
-LayerKV = tuple[mx.array, mx.array]  # keys, values: [1, heads, length, dims]
+# keys, values: [1, heads, length, dims], or with KV_CACHE_BITS (packed, scales, biases)
+LayerKV = tuple[Any, Any]
 
 
 def plain_kv(caches: Sequence[Any]) -> bool:
-    """True when every layer's cache is a plain KVCache (the kind this store can slice)."""
-    return all(type(cache) is KVCache for cache in caches)
+    """True when every layer's cache is a plain KVCache or QuantizedKVCache (the kinds this
+    store can slice)."""
+    return all(type(cache) in (KVCache, QuantizedKVCache) for cache in caches)
 
 
 def kv_bytes_per_token(
-    model: Callable[..., mx.array], group: mx.distributed.Group | None = None
+    model: Callable[..., mx.array],
+    group: mx.distributed.Group | None = None,
+    bits: int | None = None,
 ) -> int:
     """Bytes of KV this rank keeps per cached token, from a one-token forward (every rank
     must call it together: the forward holds the collectives); 0 on every rank when any
     rank's caches are not plain KV caches (a pipeline stage may hold only sliding-window
-    layers while the next holds only full ones: the ranks agree through `group`)."""
-    caches = make_prompt_cache(model)
+    layers while the next holds only full ones: the ranks agree through `group`). `bits`:
+    KV_CACHE_BITS, already checked against the model."""
+    caches = make_caches(model, bits)
     mine = plain_kv(caches)
     refusals = 0 if mine else 1
     if group is not None and group.size() > 1:
@@ -50,7 +59,7 @@ def kv_bytes_per_token(
         )
         return 0
     mx.eval(model(mx.array([[0]], dtype=mx.uint32), cache=caches))
-    return sum(keys.nbytes + values.nbytes for keys, values in _layers(caches, 1))
+    return _nbytes(_layers(caches, 1))
 
 
 def budget_tokens(per_rank: list[tuple[int, int]]) -> int:
@@ -64,24 +73,25 @@ def budget_tokens(per_rank: list[tuple[int, int]]) -> int:
 def _layers(caches: Sequence[Any], length: int) -> list[LayerKV]:
     """Each layer's first `length` positions, as arrays of their own."""
     return [
-        (mx.contiguous(c.keys[..., :length, :]), mx.contiguous(c.values[..., :length, :]))
-        for c in caches
+        tree_map(lambda x: mx.contiguous(x[..., :length, :]), (c.keys, c.values)) for c in caches
     ]
+
+
+def _nbytes(layers: list[LayerKV]) -> int:
+    return int(tree_reduce(lambda total, x: total + x.nbytes, layers, 0))
 
 
 class PrefixStore:
     """Cached entries on this rank: entry id -> per-layer (keys, values)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bits: int | None = None) -> None:
+        self.bits = bits  # KV_CACHE_BITS: entries hold quantized triples
         self.entries: dict[int, list[LayerKV]] = {}
         self.nbytes = 0  # of every entry's arrays on this rank
 
-    @staticmethod
-    def _size(layers: list[LayerKV]) -> int:
-        return sum(keys.nbytes + values.nbytes for keys, values in layers)
-
     def length(self, entry: int) -> int:
-        return int(self.entries[entry][0][0].shape[2])
+        keys = self.entries[entry][0][0]
+        return int((keys[0] if isinstance(keys, tuple) else keys).shape[2])
 
     def put(self, entry: int, caches: Sequence[Any], length: int) -> list[mx.array]:
         """Keep the first `length` positions of a sequence's per-layer caches as `entry`;
@@ -89,21 +99,21 @@ class PrefixStore:
         layers = _layers(caches, length)
         self.drop(entry)
         self.entries[entry] = layers
-        self.nbytes += self._size(layers)
-        return [array for pair in layers for array in pair]
+        self.nbytes += _nbytes(layers)
+        arrays: list[mx.array] = tree_reduce(lambda out, x: [*out, x], layers, [])
+        return arrays
 
     def drop(self, entry: int) -> None:
         layers = self.entries.pop(entry, None)
         if layers is not None:
-            self.nbytes -= self._size(layers)
+            self.nbytes -= _nbytes(layers)
 
-    def caches(self, entry: int, length: int) -> list[KVCache]:
+    def caches(self, entry: int, length: int) -> list[KVCache | QuantizedKVCache]:
         """Fresh caches holding the first `length` positions of `entry`."""
-        fresh = []
+        fresh: list[KVCache | QuantizedKVCache] = []
         for keys, values in self.entries[entry]:
-            cache = KVCache()
-            cache.keys = keys[..., :length, :]
-            cache.values = values[..., :length, :]
+            cache = KVCache() if self.bits is None else QuantizedKVCache(KV_GROUP_SIZE, self.bits)
+            cache.keys, cache.values = tree_map(lambda x: x[..., :length, :], (keys, values))
             cache.offset = length
             fresh.append(cache)
         return fresh

@@ -102,6 +102,7 @@ def fit_problem(
             settings.max_batch_size,
             settings.max_sequence_length,
             settings.prefix_cache_bytes,
+            settings.kv_bits,
         )
     except OSError as exc:
         return f"cannot read the model ({exc})"

@@ -58,6 +58,7 @@ def check(settings: Settings, model_dir: Path) -> int:
             settings.max_batch_size,
             settings.max_sequence_length,
             settings.prefix_cache_bytes,
+            settings.kv_bits,
         )
     except DoesNotFit as exc:
         print("\n".join(describe(exc.report.plan) + exc.report.describe()))

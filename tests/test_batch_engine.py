@@ -30,10 +30,11 @@ def greedy_run(
     steps: int = 8,
     compiled: CompiledDecode | None = None,
     budgets: list[int | None] | None = None,
+    kv_bits: int | None = None,
 ) -> dict:
     """Feed all prompts at once, decode greedily; {seq id: (tokens, first logits)}.
     `budgets`: the prefill budget each plan carries in turn (as rank 0's would), cycled."""
-    engine = BatchEngine(model, chunk, compiled=compiled)
+    engine = BatchEngine(model, chunk, compiled=compiled, kv_bits=kv_bits)
     inserts = [Insert(i + 1, p) for i, p in enumerate(prompts)]
     cycle = itertools.cycle(budgets or [None])
     plan = StepPlan(step=0, fingerprint=engine.fingerprint(), inserts=inserts, prefill=next(cycle))

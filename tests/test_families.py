@@ -5,6 +5,7 @@ and docs/MODELS.md generated from the registry."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -341,3 +342,15 @@ def test_the_plan_names_each_ranks_longest_context_and_lowers_the_models(
     tiny = [RankHost(host="mini", cores=8, memory_bytes=2 * weights + 2**14)] * 2
     with pytest.raises(DoesNotFit, match="under 256"):
         check_fit(tiny_moe, tiny, None, "tensor", 8)
+
+
+def test_the_plan_counts_quantized_kv(tiny_moe: Path) -> None:
+    roomy = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(2)]
+    plain = check_fit(tiny_moe, roomy, None, "tensor", 8, 4096)
+    eight = check_fit(tiny_moe, roomy, None, "tensor", 8, 4096, kv_bits=8)
+    for a, b in zip(plain.ranks, eight.ranks, strict=True):
+        # float32 here: 4 bytes an element against 1 + 2 x 4 / 64
+        assert b.kv_bytes_per_token == math.ceil(a.kv_bytes_per_token * 1.125 / 4)
+        assert b.longest_context is not None and a.longest_context is not None
+        assert b.longest_context > 3 * a.longest_context
+    assert "8 bits (KV_CACHE_BITS)" in "\n".join(eight.describe())

@@ -1,0 +1,92 @@
+"""KV_CACHE_BITS on real ranks with the default model (SmolLM2-135M, float32 weights):
+greedy answers with 8-bit KV against float KV at 1 and 2 ranks, the 4-bit figure, each
+rank's measured KV bytes per token against the plan's prediction, and a prefix-cache hit
+served from quantized entries.
+
+Float KV gives the same greedy tokens at any split (tests/test_sharding_cluster.py), so
+one float run at 1 rank is the reference for both rank counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from launcher.local_cluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ENV = {
+    "IMPORT_DTYPE": "float32",
+    "MAX_SEQUENCE_LENGTH": "1024",
+    "MAX_BATCH_SIZE": "2",
+    "KEEP_WARM_SECONDS": "0",
+}
+TOKENS = 256
+# A prompt that keeps the model writing for 256 tokens (it does not reach its end token).
+PROMPT = (
+    "<|im_start|>user\nWrite a long story about a lighthouse keeper who finds a map. Describe "
+    "every day of his journey in detail.<|im_end|>\n<|im_start|>assistant\n"
+)
+FLOAT_BYTES = 30 * 3 * 64 * 2 * 4  # layers x KV heads x head dim x (K, V) x float32
+
+
+def answer(cluster: Cluster, request_id: str) -> tuple[list[int], Done]:
+    params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
+    with cluster.client() as client:
+        client.send(Submit(id=request_id, prompt=PROMPT, params=params))
+        tokens: list[int] = []
+        while True:
+            message = client.recv()
+            assert message is not None, "rank 0 closed the connection"
+            assert not isinstance(message, Error), message
+            if isinstance(message, Delta):
+                tokens += message.token_ids
+            elif isinstance(message, Done):
+                return tokens, message
+            else:
+                assert isinstance(message, Started)
+
+
+def run(ranks: int, bits: str) -> tuple[list[int], list[int], str]:
+    """(tokens, each rank's KV bytes per token, the log) with KV_CACHE_BITS=bits; a second
+    request for the same prompt is served from the prefix cache, with the same tokens."""
+    with Cluster("", ranks=ranks, env=ENV | {"KV_CACHE_BITS": bits}, ready_timeout=300) as c:
+        tokens, done = answer(c, "first")
+        again, repeat = answer(c, "again")
+        per_token = [r.kv_bytes_per_token for r in c.status().ranks]
+        log = c.log_tail(200)
+    assert len(tokens) == TOKENS, (len(tokens), done.finish_reason)
+    assert repeat.usage.prompt_tokens_details.cached_tokens > 0, repeat.usage
+    assert again == tokens, f"a prefix-cache hit changed the answer ({bits} bits)"
+    return tokens, per_token, log
+
+
+def agreement(tokens: list[int], reference: list[int]) -> float:
+    return sum(a == b for a, b in zip(tokens, reference, strict=True)) / len(reference)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[int]:
+    tokens, per_token, _ = run(1, "none")
+    assert per_token == [FLOAT_BYTES]
+    return tokens
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_8_bit_kv_keeps_the_greedy_answer(reference: list[int], ranks: int) -> None:
+    tokens, per_token, log = run(ranks, "8")
+    share = agreement(tokens, reference)
+    print(f"8-bit KV, {ranks} rank(s): {share:.1%} of {TOKENS} greedy tokens as float KV's")
+    assert share >= 0.95, share
+    assert "KV cache: 8 bits in groups of 64 (KV_CACHE_BITS)" in log
+    # 1 byte an element plus a float32 scale and bias a group of 64: 1.125 bytes, not 4
+    assert sum(per_token) == FLOAT_BYTES * 1125 // 4000 and min(per_token) > 0, per_token
+
+
+def test_4_bit_kv_figure(reference: list[int]) -> None:
+    tokens, per_token, _ = run(2, "4")
+    share = agreement(tokens, reference)
+    print(f"4-bit KV, 2 ranks: {share:.1%} of {TOKENS} greedy tokens as float KV's")
+    assert sum(per_token) == FLOAT_BYTES * 625 // 4000, per_token  # 0.625 bytes an element
+    assert share > 0.0
