@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_tokenizer
 
@@ -39,7 +40,9 @@ from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefill_budget import PrefillBudget
 from engine.prefix_cache import PrefixCache
-from engine.prefix_store import budget_tokens, kv_bytes_per_token
+from engine.prefix_disk import DiskTier, layout_digest
+from engine.prefix_disk_index import DiskIndex
+from engine.prefix_store import PrefixStore, budget_tokens, kv_bytes_per_token
 from engine.quantized_kv import agreed_bits
 from engine.sampling_defaults import SamplingDefaults
 from engine.scheduler import Scheduler
@@ -127,6 +130,42 @@ def _speculator(settings: Settings, model: Callable[..., mx.array], info: ModelI
     return Speculator(settings.spec_tokens, refusal, rule=settings.speculative == "auto")
 
 
+def _disk_tier(
+    settings: Settings,
+    info: ModelInfo,
+    kv_bits: int | None,
+    group: mx.distributed.Group,
+    watchdog: CollectiveWatchdog,
+) -> DiskTier | None:
+    """This rank's part of the prefix cache on disk (PREFIX_CACHE_DIR), in a directory
+    named by the model, its split and the KV bits; None with PREFIX_CACHE_DISK_BYTES=0."""
+    root, size = settings.prefix_disk
+    if not size:
+        return None
+
+    def vote(failed: list[int]) -> list[int]:
+        if group.size() == 1:
+            return failed
+        with watchdog.guard("prefix cache disk vote"):
+            return np.array(mx.distributed.all_sum(mx.array(failed), group=group)).tolist()
+
+    layout = layout_digest(info.path.name, info.config, info.plan.model_dump(), kv_bits)
+    return DiskTier.open(root, layout, group.rank(), vote)
+
+
+def _disk_index(
+    settings: Settings, store: PrefixStore, ranks: list[RankStatus]
+) -> DiskIndex | None:
+    """Rank 0's index of the entries on disk: PREFIX_CACHE_DISK_BYTES in the tokens of the
+    rank that keeps the most bytes a token."""
+    widest = max(r.kv_bytes_per_token for r in ranks)
+    if store.disk is None or store.disk.broken or widest <= 0:
+        return None
+    index = DiskIndex(store.disk.directory, settings.prefix_disk[1] // widest)
+    log.info("prefix cache on disk: %s, %d tokens", store.disk.directory, index.budget_tokens)
+    return index
+
+
 def _peer_lost(exc: RuntimeError) -> bool:
     """MLX's distributed backends report a lost peer as a RuntimeError named `[backend] ...`
     (e.g. `[ring] connection to a peer was lost`) from inside a collective."""
@@ -197,7 +236,8 @@ def main(settings: Settings) -> int:
     # After the probe: the guard does not nest, and the probe holds one around its forward.
     evaluating_parts = install_eval_guard(model, watchdog.guard)
     compiled = _compiled_decode(settings, model, evaluating_parts, profiler is not None)
-    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard, compiled, kv_bits)
+    store = PrefixStore(kv_bits, _disk_tier(settings, info, kv_bits, group, watchdog))
+    engine = BatchEngine(model, settings.prefill_chunk_size, watchdog.guard, compiled, store)
     budget = prefix_budget(
         settings.prefix_cache_bytes, info.host.memory_bytes, info.ranks_on_host, info.weight_bytes
     )
@@ -232,7 +272,8 @@ def main(settings: Settings) -> int:
         die(EXIT_PEER_GONE, str(exc))
     ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
     prefix = PrefixCache(
-        budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks])
+        budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks]),
+        disk=_disk_index(settings, store, ranks),
     )
     log.info(
         "prefix cache: %s",

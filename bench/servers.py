@@ -217,6 +217,13 @@ class Ours:
             raise RuntimeError("./launch.sh start failed:\n" + "\n".join(tail))
         wait_ready(self.endpoint, 120, lambda: True)
 
+    def restart(self) -> None:
+        """`./launch.sh restart`: the ranks and api.py again, the disk as it was."""
+        done = self._launch("restart", 900)
+        if done.returncode != 0:
+            raise RuntimeError("./launch.sh restart failed:\n" + done.stdout[-1500:])
+        wait_ready(self.endpoint, 120, lambda: True)
+
     def process_groups(self) -> list[int]:
         return launch_groups(ROOT)
 

@@ -81,8 +81,8 @@ def parse_bytes(text: str) -> int | None:
     return int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
 
 
-def parse_optional_count(text: str) -> int | str | None:
-    """'' -> None (the default); anything else is left to the field's int validation."""
+def parse_optional(text: str) -> str | None:
+    """'' -> None (the default); anything else is left to the field's validation."""
     return None if not text.strip() else text.strip()
 
 
@@ -91,7 +91,9 @@ _TEXT_PARSERS: dict[str, Callable[[str], object]] = {
     "rank_weights": parse_rank_weights,
     "prefix_cache_bytes": parse_bytes,
     "response_store_bytes": parse_bytes,
-    "max_sequence_length": parse_optional_count,
+    "prefix_cache_disk_bytes": parse_bytes,
+    "max_sequence_length": parse_optional,
+    "prefix_cache_dir": parse_optional,
 }
 
 
@@ -163,6 +165,10 @@ class Settings(BaseSettings):
     native_kernels: Literal["auto", "off"] = "auto"
     # per rank; None: 25% of the memory each rank has left after its weights
     prefix_cache_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
+    # the prefix cache on each rank's disk (engine/prefix_disk.py); None: MODEL_CACHE_DIR's
+    # prefix-cache/; bytes None: 8 GiB per rank, 0: off
+    prefix_cache_dir: Annotated[Path | None, NoDecode] = None
+    prefix_cache_disk_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
     # api.py's stored Responses (previous_response_id); None: 128 MiB
     response_store_bytes: Annotated[int | None, NoDecode] = Field(default=None, ge=0)
 
@@ -197,6 +203,8 @@ class Settings(BaseSettings):
         "rank_weights",
         "prefix_cache_bytes",
         "response_store_bytes",
+        "prefix_cache_disk_bytes",
+        "prefix_cache_dir",
         "max_sequence_length",
         mode="before",
     )
@@ -239,6 +247,13 @@ class Settings(BaseSettings):
     def kv_bits(self) -> int | None:
         """KV_CACHE_BITS as a number; None for the model's float type."""
         return None if self.kv_cache_bits == "none" else int(self.kv_cache_bits)
+
+    @property
+    def prefix_disk(self) -> tuple[Path, int]:
+        """Where each rank keeps its part of the prefix cache on disk, and how many bytes."""
+        directory = self.prefix_cache_dir or self.model_cache_dir / "prefix-cache"
+        size = 8 * 2**30 if self.prefix_cache_disk_bytes is None else self.prefix_cache_disk_bytes
+        return directory.expanduser(), size
 
     @property
     def remote_mode(self) -> bool:

@@ -3,9 +3,10 @@
 Every rank holds the same state in the same order. New sequences prefill alone with their
 own KV cache, in chunks of the plan's budget (engine/prefill_budget.py), so a long prompt
 never stalls the running batch for long; a prompt done joins the decode batch (a BatchKVCache
-per layer, quantized with KV_CACHE_BITS: engine/quantized_kv.py). A sequence may start from
-a prefix-cache entry (engine/prefix_store.py). A speculative step (speculation.py) gives decoding rows rank 0's proposed tokens: one eager
-forward over them all, right-padded; the next plan says how many positions each drops."""
+per layer; engine/quantized_kv.py with KV_CACHE_BITS). A sequence may start from a prefix
+entry (engine/prefix_store.py, on disk prefix_disk.py). A speculative step (speculation.py)
+gives decoding rows rank 0's proposals: one eager forward over them all, right-padded; the
+next plan says how many positions each drops."""
 
 from __future__ import annotations
 
@@ -65,12 +66,10 @@ Sampling = Callable[[list[int], list[int]], Sequence[RowSampling]]
 @dataclass
 class StepResult:
     """Every sequence that produced a next-token distribution this step: its logits, and
-    on rank 0 (which samples inside the step) its sampled token.
-
-    `seq_ids[i]` owns `widths[i]` consecutive rows (1, or a speculative step's positions):
-    first the decode batch, then sequences whose prompt finished prefilling this step (they
-    join the decode batch in that order).
-    """
+    on rank 0 (which samples inside the step) its sampled token. `seq_ids[i]` owns
+    `widths[i]` consecutive rows (1, or a speculative step's positions): first the decode
+    batch, then sequences whose prompt finished prefilling this step (they join the decode
+    batch in that order)."""
 
     seq_ids: list[int]
     logits: mx.array | None
@@ -112,9 +111,9 @@ class BatchEngine:
         prefill_chunk_size: int,
         guard: EvalGuard | None = None,
         compiled: CompiledDecode | None = None,
-        kv_bits: int | None = None,
+        prefix: PrefixStore | None = None,  # with its KV_CACHE_BITS and disk tier
     ) -> None:
-        self.model, self.kv_bits, self.compiled = model, kv_bits, compiled
+        self.model, self.compiled = model, compiled
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = prefill_chunk_size  # this step's, from the plan
         self.last_prefill: list[tuple[int, int]] = []  # this step's (cached, tokens) forwards
@@ -126,7 +125,7 @@ class BatchEngine:
         self._next_tokens: list[int] = []
         self._drafts: list[list[int]] = []
         self.prefilling: list[_Prefill] = []
-        self.prefix = PrefixStore(kv_bits)
+        self.prefix = prefix or PrefixStore()
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -165,6 +164,7 @@ class BatchEngine:
             self.prefix.drop(entry)
         for store in plan.stores:
             self._store(store.seq_id, store.entry, store.length)
+        self.prefix.apply_disk(plan.saves, plan.loads, plan.drops)
         removes = set(plan.removes)
         if removes:
             self.prefilling = [p for p in self.prefilling if p.seq_id not in removes]
@@ -273,7 +273,7 @@ class BatchEngine:
             if len(group) > 1 and entry in group:
                 continue
             if not entry.cache:
-                entry.cache = make_caches(self.model, self.kv_bits)
+                entry.cache = make_caches(self.model, self.prefix.bits)
             end = min(len(entry.tokens), entry.position + budget)
             chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
             logits = self._forward(chunk, entry.cache)
@@ -355,7 +355,7 @@ class BatchEngine:
         width = max(len(e.tokens) for e in group)
         padding = [width - len(e.tokens) for e in group]
         tokens = mx.array([[0] * p + e.tokens for p, e in zip(padding, group, strict=True)])
-        cache = merged([e.cache or make_caches(self.model, self.kv_bits) for e in group])
+        cache = merged([e.cache or make_caches(self.model, self.prefix.bits) for e in group])
         left_pad(cache, padding)
         for entry in group:
             entry.position = len(entry.tokens)

@@ -255,6 +255,7 @@ class Leader:
         if not plan.inserts and engine.size == len(set(plan.removes)):
             plan.sleep = True
         self._send(plan)
+        scheduler.prefix.loaded(engine.prefix.loaded)  # the disk loads, as the ranks voted
         if plan.sleep:
             engine.advance_idle()
             self._stream()

@@ -3,7 +3,10 @@ another request is about to store, what is stored, and the counters /metrics sho
 
 The PrefixIndex holds the token sequences; this class turns its answers into the step
 plan's cache operations (an insert's prefix entry and `store_as`, stores of finished
-sequences, evictions), which every rank applies in lock-step.
+sequences, evictions), which every rank applies in lock-step. With the disk tier
+(PREFIX_CACHE_DIR, engine/prefix_disk.py) every stored conversation is also saved, and a
+request whose prompt starts with a saved one that memory no longer holds (evicted, or
+lost in a restart) waits one step while the ranks load it into a memory entry.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from engine.prefix_disk import token_key
+from engine.prefix_disk_index import DiskIndex
 from engine.prefix_index import PrefixIndex
 from engine.step_plan import Insert, Store
 from ipc.status import PrefixCacheStats
@@ -34,13 +39,20 @@ class PlanOps:
     stores: list[Store] = field(default_factory=list)
     evicts: list[int] = field(default_factory=list)
     protected: set[int] = field(default_factory=set)  # entries this plan's inserts reuse
+    saves: list[tuple[int, int]] = field(default_factory=list)  # (entry, disk key)
+    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (entry, key, length)
+    drops: list[int] = field(default_factory=list)  # disk keys
 
 
 class PrefixCache:
     """Decisions over the index; `budget_tokens` 0 turns the cache off."""
 
-    def __init__(self, budget_tokens: int, min_tokens: int = 16) -> None:
+    def __init__(
+        self, budget_tokens: int, min_tokens: int = 16, disk: DiskIndex | None = None
+    ) -> None:
         self.index = PrefixIndex(budget_tokens, min_tokens)
+        self.disk = disk if self.index.enabled else None
+        self._drops: list[int] = []  # disk keys a failed load left on the other ranks
         self.hits = 0
         self.hit_tokens = 0
         self.misses = 0
@@ -59,6 +71,8 @@ class PrefixCache:
         match = self.index.match(prompt)
         if match.pending_length >= match.length + HOLD_FOR_TOKENS:
             return None
+        if self.disk is not None and self._load(prompt, match.length, ops):
+            return None  # the ranks load its prefix this step
         # The last prompt token always runs through the model: its logits start the answer.
         reused = min(match.length, len(prompt) - 1) if match.entry is not None else 0
         entry = match.entry if reused > 0 else None
@@ -76,6 +90,36 @@ class PrefixCache:
             ops.evicts += reservation.evicts
             self._prompt_entries[seq_id] = reservation.entry
         return insert
+
+    def _load(self, prompt: list[int], in_memory: int, ops: PlanOps) -> bool:
+        """Plan the load of the saved entry sharing the longest start with `prompt`, where
+        it reaches HOLD_FOR_TOKENS further than memory does and an entry can hold it."""
+        assert self.disk is not None
+        key, length = self.disk.match(prompt)
+        length = min(length, len(prompt) - 1)
+        if not key or length < in_memory + HOLD_FOR_TOKENS:
+            return False
+        reservation = self.index.reserve(prompt[:length], ready=False, protected=ops.protected)
+        if reservation is None:
+            return False
+        ops.loads.append((reservation.entry, key, length))
+        ops.evicts += reservation.evicts
+        ops.protected.add(reservation.entry)
+        self.disk.loading.add(key)
+        return True
+
+    def loaded(self, results: list[tuple[int, int, bool]]) -> None:
+        """The last plan's loads, as the ranks voted: a loaded entry is ready; a failed one
+        is forgotten here and on disk (the ranks compute those tokens)."""
+        if self.disk is None:
+            return
+        for entry, key, ok in results:
+            self.disk.loaded(key, ok)
+            if ok:
+                self.index.mark_ready(entry)
+            else:
+                self.index.forget(entry)
+                self._drops.append(key)
 
     def align_burst(self, inserts: list[Insert], prompts: list[list[int]], chunk: int) -> None:
         """Give the leading inserts of a plan whose rests fit one `chunk` one width: each
@@ -121,15 +165,27 @@ class PrefixCache:
     def plan_stores(self, ops: PlanOps) -> None:
         """Stores (and the evictions they need) for the requests that finished last step."""
         finished, self._finished = self._finished, []
+        ops.drops += self._drops
+        self._drops = []
         for seq_id, tokens in finished:
             reservation = self.index.reserve(tokens, ready=True, protected=ops.protected)
             if reservation is not None:
                 ops.stores.append(Store(seq_id, reservation.entry, len(tokens)))
                 ops.evicts += reservation.evicts
                 ops.protected.add(reservation.entry)  # evicts apply before stores
+                if self.disk is not None:
+                    key = token_key(tokens)
+                    if key not in self.disk.entries:
+                        ops.saves.append((reservation.entry, key))
+                        ops.drops += self.disk.record(key, tokens, set())
 
     def stats(self) -> PrefixCacheStats:
+        disk = self.disk
         return PrefixCacheStats(
+            disk_entries=len(disk.entries) if disk else 0,
+            disk_tokens=disk.tokens if disk else 0,
+            disk_loads=disk.loads if disk else 0,
+            disk_load_failures=disk.load_failures if disk else 0,
             enabled=self.enabled,
             budget_tokens=self.index.budget_tokens,
             entries=len(self.index.entries),

@@ -21,7 +21,9 @@ import numpy as np
 from mlx.utils import tree_map, tree_reduce
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from engine.quantized_kv import KV_GROUP_SIZE, make_caches
+from distributed.memory import KV_GROUP_SIZE
+from engine.prefix_disk import DiskTier
+from engine.quantized_kv import make_caches
 
 log = logging.getLogger("ring.prefix")
 # keys, values: [1, heads, length, dims], or with KV_CACHE_BITS (packed, scales, biases)
@@ -84,10 +86,12 @@ def _nbytes(layers: list[LayerKV]) -> int:
 class PrefixStore:
     """Cached entries on this rank: entry id -> per-layer (keys, values)."""
 
-    def __init__(self, bits: int | None = None) -> None:
+    def __init__(self, bits: int | None = None, disk: DiskTier | None = None) -> None:
         self.bits = bits  # KV_CACHE_BITS: entries hold quantized triples
+        self.disk = disk  # PREFIX_CACHE_DIR's tier, when on
         self.entries: dict[int, list[LayerKV]] = {}
         self.nbytes = 0  # of every entry's arrays on this rank
+        self.loaded: list[tuple[int, int, bool]] = []  # the last plan's (entry, key, ok)
 
     def length(self, entry: int) -> int:
         keys = self.entries[entry][0][0]
@@ -102,6 +106,29 @@ class PrefixStore:
         self.nbytes += _nbytes(layers)
         arrays: list[mx.array] = tree_reduce(lambda out, x: [*out, x], layers, [])
         return arrays
+
+    def apply_disk(
+        self, saves: list[tuple[int, int]], loads: list[tuple[int, int, int]], drops: list[int]
+    ) -> None:
+        """A plan's disk operations (engine/prefix_disk.py). A load that failed on any rank
+        leaves no entry on any rank; `loaded` says which did."""
+        self.loaded = []
+        if self.disk is None:
+            if loads:  # a rank without the tier still votes: it has none of them
+                self.loaded = [(e, k, False) for e, k, _ in loads]
+            return
+        for entry, key in saves:
+            if entry in self.entries:
+                self.disk.save(key, self.entries[entry], self.length(entry))
+        results = self.disk.load_all([(key, length) for _, key, length in loads])
+        for (entry, key, _), layers in zip(loads, results, strict=True):
+            if layers is not None:
+                self.drop(entry)
+                self.entries[entry] = layers
+                self.nbytes += _nbytes(layers)
+            self.loaded.append((entry, key, layers is not None))
+        for key in drops:
+            self.disk.drop(key)
 
     def drop(self, entry: int) -> None:
         layers = self.entries.pop(entry, None)

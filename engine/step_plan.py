@@ -6,11 +6,13 @@ as uint32 arrays; each insert as `<IIIII` (seq id, prefix entry, prefix length, 
 entry, token count) followed by its uint32 tokens; each store as `<III` (seq id, entry,
 length); evicts as a uint32 array; with FLAG_ROLLBACKS, a uint16 count and the rollbacks
 as a uint16 array; with FLAG_DRAFTS, one uint8 count per next token, then all the drafts'
-tokens as one uint32 array; with FLAG_PREFILL, the prefill budget as a uint32. A plan of a
-step that neither speculates nor prefills is as long as in version 2.
+tokens as one uint32 array; with FLAG_PREFILL, the prefill budget as a uint32; with
+FLAG_DISK, `<HHH` counts of saves, loads and drops, then saves as `<IQ` (entry, disk key),
+loads as `<IQI` (entry, disk key, length) and drops as uint64 keys. A plan of a step that
+neither speculates, prefills nor touches the disk is as long as in version 2.
 `fingerprint` describes the batch and the prefix entries every rank must hold *before*
-applying the plan. Every rank applies a plan in one order: rollbacks, evicts, stores,
-removes, next tokens (with their drafts), inserts.
+applying the plan. Every rank applies a plan in one order: rollbacks, evicts, stores, disk
+saves, loads and drops, removes, next tokens (with their drafts), inserts.
 """
 
 from __future__ import annotations
@@ -20,17 +22,22 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-PLAN_VERSION = 4  # 3: speculative steps (drafts and rollbacks); 4: the prefill budget
+# 3: speculative steps (drafts and rollbacks); 4: the prefill budget; 5: the disk tier
+PLAN_VERSION = 5
 FLAG_STOP = 1
 FLAG_SLEEP = 2
 FLAG_DRAFTS = 4
 FLAG_ROLLBACKS = 8
 FLAG_PREFILL = 16
+FLAG_DISK = 32
 MAX_DRAFT = 255  # tokens proposed for one row (a uint8 count)
 
 _HEADER = struct.Struct("<BBQQHHHHH")
 _INSERT = struct.Struct("<IIIII")
 _STORE = struct.Struct("<III")
+_DISK_COUNTS = struct.Struct("<HHH")
+_SAVE = struct.Struct("<IQ")
+_LOAD = struct.Struct("<IQI")
 
 
 class PlanDecodeError(Exception):
@@ -75,6 +82,8 @@ class StepPlan:
     prefill: the most prompt tokens the step prefills, over all prefilling sequences
         (engine/prefill_budget.py; 0: none, the step only decodes; None: the engine's
         PREFILL_CHUNK_SIZE).
+    saves, loads, drops: the prefix cache's disk tier (engine/prefix_disk.py): save entry
+        as key; load key's first `length` positions into entry; delete key.
     """
 
     step: int
@@ -87,6 +96,9 @@ class StepPlan:
     drafts: list[list[int]] = field(default_factory=list)
     rollbacks: list[int] = field(default_factory=list)
     prefill: int | None = None
+    saves: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[int, int, int]] = field(default_factory=list)
+    drops: list[int] = field(default_factory=list)
     stop: bool = False
     sleep: bool = False
 
@@ -96,6 +108,8 @@ class StepPlan:
         drafted = any(self.drafts)
         flags |= FLAG_ROLLBACKS if self.rollbacks else 0
         flags |= FLAG_PREFILL if self.prefill is not None else 0
+        disk = bool(self.saves or self.loads or self.drops)
+        flags |= FLAG_DISK if disk else 0
         if drafted:
             flags |= FLAG_DRAFTS
             if len(self.drafts) != len(self.tokens):
@@ -136,6 +150,11 @@ class StepPlan:
             parts.append(struct.pack(f"<{len(flat)}I", *flat))
         if self.prefill is not None:
             parts.append(struct.pack("<I", self.prefill))
+        if disk:
+            parts.append(_DISK_COUNTS.pack(len(self.saves), len(self.loads), len(self.drops)))
+            parts += [_SAVE.pack(*save) for save in self.saves]
+            parts += [_LOAD.pack(*load) for load in self.loads]
+            parts.append(struct.pack(f"<{len(self.drops)}Q", *self.drops))
         return b"".join(parts)
 
     @classmethod
@@ -184,6 +203,20 @@ class StepPlan:
             if flags & FLAG_PREFILL:
                 (prefill,) = struct.unpack_from("<I", data, offset)
                 offset += 4
+            saves: list[tuple[int, int]] = []
+            loads: list[tuple[int, int, int]] = []
+            drops: list[int] = []
+            if flags & FLAG_DISK:
+                n_sv, n_ld, n_dr = _DISK_COUNTS.unpack_from(data, offset)
+                offset += _DISK_COUNTS.size
+                for _ in range(n_sv):
+                    saves.append(_SAVE.unpack_from(data, offset))
+                    offset += _SAVE.size
+                for _ in range(n_ld):
+                    loads.append(_LOAD.unpack_from(data, offset))
+                    offset += _LOAD.size
+                drops = list(struct.unpack_from(f"<{n_dr}Q", data, offset))
+                offset += 8 * n_dr
         except struct.error as exc:
             raise PlanDecodeError(f"truncated or malformed step plan: {exc}") from None
         if offset != len(data):
@@ -199,6 +232,9 @@ class StepPlan:
             drafts=drafts,
             rollbacks=rollbacks,
             prefill=prefill,
+            saves=saves,
+            loads=loads,
+            drops=drops,
             stop=bool(flags & FLAG_STOP),
             sleep=bool(flags & FLAG_SLEEP),
         )

@@ -44,6 +44,10 @@ class PrefixCacheStats(BaseModel):
     hit_tokens: int = 0
     misses: int = 0
     evictions: int = 0
+    disk_entries: int = 0  # saved on disk (PREFIX_CACHE_DIR)
+    disk_tokens: int = 0
+    disk_loads: int = 0  # read back after eviction or a restart
+    disk_load_failures: int = 0  # refused by a rank (missing, damaged): computed instead
 
 
 class LoadProgress(BaseModel):

@@ -71,6 +71,7 @@ class Cluster:
             MODEL=self.model,
             SOCKET_PATH=str(self.socket_path),
             ENV_FILE=str(self.workdir / "no.env"),  # ignore the project's .env
+            PREFIX_CACHE_DIR=str(self.workdir / "prefix-cache"),  # a job's own disk tier
             PYTHONUNBUFFERED="1",
         )
         env.update(self.extra_env)  # first too: the preload follows its NATIVE_KERNELS

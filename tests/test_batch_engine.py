@@ -11,6 +11,7 @@ from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
+from engine.prefix_store import PrefixStore
 from engine.step_plan import Insert, StepPlan, Store
 from tests.support.tiny_models import write_tiny_model
 
@@ -34,7 +35,7 @@ def greedy_run(
 ) -> dict:
     """Feed all prompts at once, decode greedily; {seq id: (tokens, first logits)}.
     `budgets`: the prefill budget each plan carries in turn (as rank 0's would), cycled."""
-    engine = BatchEngine(model, chunk, compiled=compiled, kv_bits=kv_bits)
+    engine = BatchEngine(model, chunk, compiled=compiled, prefix=PrefixStore(kv_bits))
     inserts = [Insert(i + 1, p) for i, p in enumerate(prompts)]
     cycle = itertools.cycle(budgets or [None])
     plan = StepPlan(step=0, fingerprint=engine.fingerprint(), inserts=inserts, prefill=next(cycle))

@@ -67,6 +67,8 @@ BAD_VALUES = [
     ("MAX_SEQUENCE_LENGTH", "8", "greater than or equal to 16"),
     ("REQUEST_TIMEOUT_SECONDS", "0", "greater than 0"),
     ("COLLECTIVE_TIMEOUT_SECONDS", "soon", "valid number"),
+    ("KV_CACHE_BITS", "16", "'none', '8' or '4'"),
+    ("PREFIX_CACHE_DISK_BYTES", "lots", "a size such as 0, 512MiB or 2GiB"),
 ]
 
 

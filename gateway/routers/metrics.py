@@ -40,6 +40,10 @@ _PREFIX_CACHE_FAMILIES: Figures = (
     (GaugeMetricFamily, "cached_tokens", "Tokens held in the prefix cache"),
     (GaugeMetricFamily, "bytes", "Bytes of the prefix cache on rank 0"),
     (GaugeMetricFamily, "budget_tokens", "Tokens the prefix cache may hold (0: off)"),
+    (CounterMetricFamily, "disk_loads", "Entries read back from disk (PREFIX_CACHE_DIR)"),
+    (CounterMetricFamily, "disk_load_failures", "Loads from disk refused by a rank"),
+    (GaugeMetricFamily, "disk_entries", "Prefix-cache entries saved on disk"),
+    (GaugeMetricFamily, "disk_tokens", "Tokens of the entries saved on disk"),
 )
 
 
