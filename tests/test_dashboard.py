@@ -117,3 +117,14 @@ def _alert_open(browser: Any) -> bool:
     except Exception:  # noqa: BLE001 - selenium raises NoAlertPresentException
         return False
     return True
+
+
+def test_the_speculation_and_disk_figures_follow_the_status(stack) -> None:
+    cluster, _, browser = stack
+    status = cluster.status()
+    spec = wait(browser, lambda b: b.find_element(By.ID, "speculation").text)
+    assert ("prompt lookup, up to" in spec) == status.speculation.enabled, spec
+    figures = status.speculation
+    assert f"{figures.proposed_tokens} / {figures.accepted_tokens}" in spec, spec
+    cache = browser.find_element(By.ID, "cache").text
+    assert "on disk" in cache and f"{status.prefix_cache.disk_entries} (" in cache, cache

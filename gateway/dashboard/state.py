@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from gateway.model_facts import model_facts
 from gateway.rank_client import RankClient
 from gateway.telemetry import RecentRequest, Sample, Telemetry
-from ipc.status import LoadProgress, PrefixCacheStats, Status
+from ipc.status import LoadProgress, PrefixCacheStats, SpeculationStats, Status
 
 
 class ModelView(BaseModel):
@@ -46,6 +46,7 @@ class DashboardState(BaseModel):
     series: list[Sample]
     recent: list[RecentRequest]
     prefix_cache: PrefixCacheStats
+    speculation: SpeculationStats
     hit_rate: float | None  # prompt tokens from the cache / prompt tokens of recent requests
     supervisor: dict[str, Any] | None
 
@@ -120,6 +121,7 @@ def dashboard_state(client: RankClient, telemetry: Telemetry) -> DashboardState:
         series=list(telemetry.samples),
         recent=recent,
         prefix_cache=status.prefix_cache if status else PrefixCacheStats(),
+        speculation=status.speculation if status else SpeculationStats(),
         hit_rate=_hit_rate(recent),
         supervisor=_supervisor(client),
     )

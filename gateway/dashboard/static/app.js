@@ -171,6 +171,18 @@ function renderCache(s) {
     ["tokens reused", count(c.hit_tokens)],
     ["entries", `${c.entries} (${count(c.cached_tokens)} tokens, ${bytes(c.bytes)} on rank 0)`],
     ["evictions", c.evictions],
+    ["on disk", `${c.disk_entries} (${count(c.disk_tokens)} tokens), ${c.disk_loads} read back`
+      + (c.disk_load_failures ? `, ${c.disk_load_failures} refused` : "")],
+  ]);
+}
+
+function renderSpeculation(s) {
+  const p = s.speculation;
+  facts($("speculation"), [
+    ["state", p.enabled ? `prompt lookup, up to ${p.spec_tokens} tokens a row` : `off${p.reason ? `: ${p.reason}` : ""}`],
+    ["proposed / accepted", `${count(p.proposed_tokens)} / ${count(p.accepted_tokens)}`],
+    ["acceptance rate", p.proposed_tokens ? `${(100 * p.acceptance_rate).toFixed(0)}%` : "-"],
+    ["tokens per step", p.tokens_per_step ? p.tokens_per_step.toFixed(2) : "-"],
   ]);
 }
 
@@ -209,7 +221,7 @@ async function refresh() {
     if (!response.ok) throw new Error(`/dashboard/state: HTTP ${response.status}`);
     const s = await response.json();
     renderHeader(s); renderModel(s); renderPlan(s); renderRanks(s); renderLoading(s);
-    renderSeries(s); renderCache(s); renderSupervisor(s); renderRecent(s);
+    renderSeries(s); renderCache(s); renderSpeculation(s); renderSupervisor(s); renderRecent(s);
   } catch (error) {
     $("state").textContent = "api down";
     $("state").className = "badge down";
