@@ -155,7 +155,7 @@ class Settings(BaseSettings):
     compiled_decode: Literal["auto", "off"] = "auto"
     # auto: rank 0 proposes up to SPEC_TOKENS tokens a row by prompt lookup and every rank
     # verifies them in the step's one forward (engine/speculation.py)
-    speculative: Literal["auto", "always", "off"] = "off"
+    speculative: Literal["auto", "always", "off"] = "auto"
     spec_tokens: int = Field(default=4, ge=1, le=64)
     linear_layout: LinearLayout = "plain"
     # the KV cache's bits on every rank (engine/quantized_kv.py): none keeps the model's

@@ -15,8 +15,9 @@ import os
 
 import pytest
 
-from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from ipc.protocol import Done
 from launcher.local_cluster import Cluster
+from tests.support.rank_requests import greedy, run_requests
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -36,20 +37,11 @@ FLOAT_BYTES = 30 * 3 * 64 * 2 * 4  # layers x KV heads x head dim x (K, V) x flo
 
 
 def answer(cluster: Cluster, request_id: str, tokens: int = TOKENS) -> tuple[list[int], Done]:
-    params = SamplingParams(max_tokens=tokens, temperature=0.0)
     with cluster.client() as client:
-        client.send(Submit(id=request_id, prompt=PROMPT, params=params))
-        tokens: list[int] = []
-        while True:
-            message = client.recv()
-            assert message is not None, "rank 0 closed the connection"
-            assert not isinstance(message, Error), message
-            if isinstance(message, Delta):
-                tokens += message.token_ids
-            elif isinstance(message, Done):
-                return tokens, message
-            else:
-                assert isinstance(message, Started)
+        _, answers, final = run_requests(client, [greedy(request_id, PROMPT, tokens)])
+    done = final[request_id]
+    assert isinstance(done, Done), done
+    return answers[request_id], done
 
 
 def run(ranks: int, bits: str, repeat: bool = False) -> tuple[list[int], list[int], str]:

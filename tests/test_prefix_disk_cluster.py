@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from ipc.protocol import Done
 from launcher.local_cluster import Cluster
+from tests.support.rank_requests import greedy, run_requests
 from tests.support.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.cluster
@@ -31,19 +32,11 @@ TURN = "the keeper counted the boats in the harbour and wrote each name in his b
 
 
 def ask(cluster: Cluster, request_id: str, prompt: str) -> tuple[list[int], Done]:
-    params = SamplingParams(max_tokens=16, temperature=0.0)
     with cluster.client() as client:
-        client.send(Submit(id=request_id, prompt=prompt, params=params))
-        tokens: list[int] = []
-        while True:
-            message = client.recv()
-            assert message is not None and not isinstance(message, Error), message
-            if isinstance(message, Delta):
-                tokens += message.token_ids
-            elif isinstance(message, Done):
-                return tokens, message
-            else:
-                assert isinstance(message, Started)
+        _, answers, final = run_requests(client, [greedy(request_id, prompt, 16)])
+    done = final[request_id]
+    assert isinstance(done, Done), done
+    return answers[request_id], done
 
 
 def cached(done: Done) -> int:
