@@ -120,9 +120,8 @@ class DiskTier:
             return
         arrays, meta = {}, {"key": f"{key:016x}", "length": str(length), "layers": str(len(layers))}
         for name, array in _flat(layers).items():
-            host, kind = _to_host(array)
+            host, kind = _to_host(array)  # the copy here; checksums and the write behind
             arrays[name] = host
-            meta[f"crc.{name}"] = _crc(host)
             if kind:
                 meta[f"dtype.{name}"] = kind
         self._writes.put((key, arrays, meta))
@@ -133,6 +132,7 @@ class DiskTier:
             target = self.path(key)
             partial = target.with_suffix(".partial")
             try:
+                meta |= {f"crc.{name}": _crc(host) for name, host in arrays.items()}
                 save_file(arrays, str(partial), metadata=meta)
                 os.replace(partial, target)
             except OSError as exc:
