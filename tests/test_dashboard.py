@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -121,10 +122,21 @@ def _alert_open(browser: Any) -> bool:
 
 def test_the_speculation_and_disk_figures_follow_the_status(stack) -> None:
     cluster, _, browser = stack
-    status = cluster.status()
-    spec = wait(browser, lambda b: b.find_element(By.ID, "speculation").text)
-    assert ("prompt lookup, up to" in spec) == status.speculation.enabled, spec
+    deadline = time.monotonic() + 120
+    while (status := cluster.status()).active_requests and time.monotonic() < deadline:
+        time.sleep(0.5)  # the chat panel's answer streams on; its figures still grow
+    assert not status.active_requests, status
     figures = status.speculation
-    assert f"{figures.proposed_tokens} / {figures.accepted_tokens}" in spec, spec
-    cache = browser.find_element(By.ID, "cache").text
-    assert "on disk" in cache and f"{status.prefix_cache.disk_entries} (" in cache, cache
+    state = "prompt lookup, up to" if figures.enabled else "off"
+    counts = f"{figures.proposed_tokens} / {figures.accepted_tokens}"
+    _shows(browser, "speculation", [state, counts])
+    _shows(browser, "cache", ["on disk", f"{status.prefix_cache.disk_entries} ("])
+
+
+def _shows(browser: Any, element: str, parts: list[str]) -> None:
+    """Wait until the element's text holds every part (the page polls every 2 s)."""
+    text = lambda b: b.find_element(By.ID, element).text  # noqa: E731
+    try:
+        wait(browser, lambda b: all(part in text(b) for part in parts))
+    except TimeoutException:
+        pytest.fail(f"#{element} never showed {parts}: {text(browser)!r}")

@@ -16,6 +16,7 @@ from mlx_lm.utils import load_model
 
 from distributed.memory import KV_GROUP_SIZE, element_bytes
 from engine.batch_caches import left_pad, merged, roll_back
+from engine.prefix_store import kv_bytes_per_token
 from engine.quantized_kv import BatchQuantizedKVCache, agreed_bits, make_caches
 from tests.support.tiny_models import write_tiny_model
 from tests.test_batch_engine import PROMPTS, greedy_run
@@ -127,6 +128,12 @@ def test_the_engine_decodes_with_8_bit_kv_as_with_float(model) -> None:
     assert same / total >= 0.95, (same, total)
     for seq in base:  # the first token's logits, within the quantization error
         np.testing.assert_allclose(base[seq][1], quantized[seq][1], atol=0.05)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_measured_kv_bytes_follow_the_bits(model, bits: int) -> None:
+    plain = kv_bytes_per_token(model)
+    assert kv_bytes_per_token(model, None, bits) * 4 == plain * element_bytes(4, bits)
 
 
 def test_heads_that_do_not_split_into_groups_keep_float_kv(tmp_path) -> None:
