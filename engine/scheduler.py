@@ -239,12 +239,12 @@ class Scheduler:
             inserts=inserts,
             stores=ops.stores,
             evicts=ops.evicts,
-            saves=ops.saves,
-            loads=ops.loads,
-            drops=ops.drops,
             drafts=drafts,
             rollbacks=rollbacks,
             prefill=self._prefill_tokens(engine, removed, len(decoding), inserts),
+            saves=ops.saves,
+            loads=ops.loads,
+            drops=ops.drops,
         )
 
     def _prefill_tokens(

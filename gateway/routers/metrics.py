@@ -40,6 +40,9 @@ _PREFIX_CACHE_FAMILIES: Figures = (
     (GaugeMetricFamily, "cached_tokens", "Tokens held in the prefix cache"),
     (GaugeMetricFamily, "bytes", "Bytes of the prefix cache on rank 0"),
     (GaugeMetricFamily, "budget_tokens", "Tokens the prefix cache may hold (0: off)"),
+)
+# Its tier on disk (engine/prefix_disk.py), named the same way.
+_PREFIX_DISK_FAMILIES: Figures = (
     (CounterMetricFamily, "disk_loads", "Entries read back from disk (PREFIX_CACHE_DIR)"),
     (CounterMetricFamily, "disk_load_failures", "Loads from disk refused by a rank"),
     (GaugeMetricFamily, "disk_entries", "Prefix-cache entries saved on disk"),
@@ -109,7 +112,9 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        prefix_cache = figure_families("prefix_cache_", _PREFIX_CACHE_FAMILIES)
+        prefix_cache = figure_families(
+            "prefix_cache_", _PREFIX_CACHE_FAMILIES + _PREFIX_DISK_FAMILIES
+        )
         speculation_totals = figure_families("speculation_", _SPECULATION_FAMILIES)
         r.register(ScrapeCollector(prefix_stats, prefix_cache))
         r.register(ScrapeCollector(speculation, speculation_totals))
