@@ -147,7 +147,7 @@ class Leader:
             world_size=self.ident.world_size,
             plan=self.info.plan.model_dump(mode="json"),
             ranks=self.ranks,
-            active_requests=self.engine.size,
+            active_requests=self.scheduler.client_rows,
             queued_requests=len(self.scheduler.queue),
             max_batch_size=self.settings.max_batch_size,
             last_step_ms=self.last_step_ms,

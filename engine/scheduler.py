@@ -166,6 +166,12 @@ class Scheduler:
         params = SamplingParams(max_tokens=1, temperature=0.0)
         self.submit(KEEP_WARM_CONN, Submit(id="keep-warm", prompt="Hello", params=params))
 
+    @property
+    def client_rows(self) -> int:
+        """Rows in the batch that answer a client: rank 0's keep-warm request is not one.
+        Read by the socket thread, so it copies the values first (one C call under the GIL)."""
+        return sum(1 for request in list(self.active.values()) if request.conn != KEEP_WARM_CONN)
+
     def cancel(self, conn: Any, request_id: str, notify: bool = True) -> None:
         """Drop a request wherever it is; it leaves the batch at the next step."""
         request = self.by_key.get((conn, request_id))

@@ -4,7 +4,8 @@ record rank-0 logits, so the tests can compare sharded runs with one rank.
     logits_probe.py SPEC.json OUT_DIR
 
 SPEC: {"prompt": [ids], "steps": 32, "batch_steps": 6,
-       "cases": [{"name", "model", "parallelism", "weights", "prompt" (optional)}]}.
+       "cases": [{"name", "model", "parallelism", "weights", "prompt", "steps" (both
+       optional: the case's own prompt and greedy token count)}]}.
 For each case, rank 0 writes OUT_DIR/<name>.npz with:
   prompt_logits  last-position logits of the prompt (KVCache prefill)
   tokens         `steps` greedy tokens after it, and step_logits their logits
@@ -112,7 +113,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
     cache = make_prompt_cache(model)
     logits = _last(model, prompt, cache)
     prompt_logits, step_logits, tokens = logits, [], []
-    for _ in range(spec["steps"]):
+    for _ in range(case.get("steps", spec["steps"])):
         token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
         tokens.append(token)
         logits = _last(model, token[:, None], cache)

@@ -40,6 +40,13 @@ class Case:
     def quantized(self) -> bool:
         return "_q4" in self.model or "mxfp4" in self.model
 
+    @property
+    def steps(self) -> int:
+        """Greedy tokens compared. Three ranks share this host's two cores, so each ring
+        all_sum waits for a rank to be scheduled: a 3-rank case took 3-27 s against 1-8 s
+        at 2 ranks (2026-11-25). They compare 8 tokens; 2 ranks show the equality at length."""
+        return 8 if self.ranks > 2 else 32
+
     def spec(self) -> dict:
         """The probe's entry for this case (its `model` still a key of the caller's models)."""
         return {
@@ -47,6 +54,7 @@ class Case:
             "model": self.model,
             "parallelism": self.parallelism,
             "weights": self.weights,
+            "steps": self.steps,
         }
 
 
