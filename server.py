@@ -36,6 +36,7 @@ from engine.compiled_decode import CompiledDecode
 from engine.constraints import GrammarTokens
 from engine.context_window import choose_context
 from engine.cpu_linear import transpose_linears
+from engine.draft_model import DraftError, DraftModel, load_draft
 from engine.last_logits import head_on_last_position
 from engine.leader import EXIT_PEER_GONE, Booting, Leader, die
 from engine.prefill_budget import PrefillBudget
@@ -112,22 +113,49 @@ def _compiled_decode(
     return CompiledDecode(model)
 
 
-def _speculator(settings: Settings, model: Callable[..., mx.array], info: ModelInfo) -> Speculator:
-    """Rank 0's prompt lookup (SPECULATIVE, SPEC_TOKENS), off with the reason where the
-    caches cannot roll back a rejected proposal."""
+def _speculator(
+    settings: Settings, model: Callable[..., mx.array], info: ModelInfo, tokenizer: object
+) -> Speculator:
+    """Rank 0's prompt lookup (SPECULATIVE, SPEC_TOKENS) and draft model (DRAFT_MODEL),
+    off with the reason where the caches cannot roll back a rejected proposal."""
     if settings.speculative == "off":
         log.info("speculation: off (SPECULATIVE=off)")
         return Speculator(0)
+    rule = settings.speculative == "auto"
     refusal = rollback_refusal(make_prompt_cache(model), info.plan.shape.sliding_layers)
     if refusal is not None:
         log.warning("speculation: off for this model: %s", refusal)
-    else:
-        log.info(
-            "speculation: prompt lookup, up to %d tokens a row (SPECULATIVE=%s)",
-            settings.spec_tokens,
-            settings.speculative,
-        )
-    return Speculator(settings.spec_tokens, refusal, rule=settings.speculative == "auto")
+        return Speculator(settings.spec_tokens, refusal, rule=rule)
+    draft, why = _draft(settings, info, tokenizer)
+    log.info(
+        "speculation: prompt lookup%s, up to %d tokens a row (SPECULATIVE=%s)",
+        f", else draft model {draft.name}" if draft is not None else "",
+        settings.spec_tokens,
+        settings.speculative,
+    )
+    return Speculator(settings.spec_tokens, None, rule=rule, draft=draft, draft_reason=why)
+
+
+def _draft(settings: Settings, info: ModelInfo, tokenizer: object) -> tuple[DraftModel | None, str]:
+    """DRAFT_MODEL on rank 0 (None: unset or refused, with the reason: the server then
+    serves with prompt lookup alone; engine/draft_model.py)."""
+    if not settings.draft_model.strip():
+        return None, ""
+    started = time.perf_counter()
+    vocab = info.config.get("vocab_size") or len(tokenizer)  # type: ignore[arg-type]
+    try:
+        draft = load_draft(settings, tokenizer, vocab, info.model_id)
+    except DraftError as exc:
+        log.warning("draft model refused: %s. Speculation uses prompt lookup alone", exc)
+        return None, str(exc)
+    log.info(
+        "draft model: %s on rank 0, %.1f MiB of weights, loaded in %.1f s; %.1f ms a proposal",
+        draft.name,
+        draft.weight_bytes / 2**20,
+        time.perf_counter() - started,
+        draft.token_ms,
+    )
+    return draft, ""
 
 
 def _disk_tier(
@@ -296,7 +324,7 @@ def main(settings: Settings) -> int:
         ),
         defaults=defaults,
         vocab_size=vocab_size,
-        speculator=_speculator(settings, model, info),
+        speculator=_speculator(settings, model, info, tokenizer),
         prefill_budget=PrefillBudget(settings.prefill_chunk_size, settings.prefill_slowdown)
         if settings.prefill_slowdown
         else None,

@@ -157,6 +157,10 @@ class Settings(BaseSettings):
     # verifies them in the step's one forward (engine/speculation.py)
     speculative: Literal["auto", "always", "off"] = "auto"
     spec_tokens: int = Field(default=4, ge=1, le=64)
+    # a smaller model with the served model's tokenizer, run on rank 0 alone, that proposes
+    # where prompt lookup finds nothing (engine/draft_model.py); empty: none. Resolved as
+    # MODEL is (a directory, a Hugging Face repo id, a .gguf file)
+    draft_model: str = ""
     linear_layout: LinearLayout = "plain"
     # the KV cache's bits on every rank (engine/quantized_kv.py): none keeps the model's
     # float type; 8 or 4 quantize keys and values in groups of 64 along the head

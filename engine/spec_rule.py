@@ -8,7 +8,9 @@ proposals are each accepted with probability a (given the ones before were) and 
 proposes d of them gains a + a^2 + ... + a^d tokens on average. Each step rank 0 picks the
 width W (1: no speculation) that maximises (B + gains) / cost(B x W); rows propose at most
 W - 1 tokens. With a full batch the rows alone fill the step's products and W = 1 wins
-unless acceptance is high.
+unless acceptance is high. Proposals from a draft model (engine/draft_model.py) are not
+free: each costs rank 0 one forward of the draft before the step (its measured time), so a
+row the draft proposes d tokens for adds d of those to the step's cost.
 
 Costs: rank 0 measures its own decode steps (those without prefill), by rows and by
 eager or compiled, as a running average. Until a row count is measured, the prior is this
@@ -72,10 +74,17 @@ def acceptance(accepted: int, rejections: int) -> float:
     return (accepted + 1) / (accepted + rejections + 2)
 
 
-def choose_width(proposed: Sequence[int], rates: Sequence[float], costs: StepCosts) -> int:
+def choose_width(
+    proposed: Sequence[int],
+    rates: Sequence[float],
+    costs: StepCosts,
+    making: Sequence[float] | None = None,
+) -> int:
     """The step's positions per row (1: no speculation) for rows proposing `proposed`
-    tokens, accepted at `rates`."""
+    tokens, accepted at `rates`; `making`: each row's milliseconds to make one proposal
+    (a draft model's forward; default 0, prompt lookup)."""
     rows = len(proposed)
+    making = making or [0.0] * rows
     best_width, best = 1, rows / costs.predict(rows, eager=False)
     for width in range(2, 2 + max(proposed, default=0)):
         if rows * width > costs.max_rows:
@@ -84,7 +93,8 @@ def choose_width(proposed: Sequence[int], rates: Sequence[float], costs: StepCos
             sum(rate**j for j in range(1, min(count, width - 1) + 1))
             for count, rate in zip(proposed, rates, strict=True)
         )
-        value = (rows + gain) / costs.predict(rows * width, eager=True)
+        made = sum(min(count, width - 1) * ms for count, ms in zip(proposed, making, strict=True))
+        value = (rows + gain) / (costs.predict(rows * width, eager=True) + made)
         if value > best:
             best_width, best = width, value
     return best_width

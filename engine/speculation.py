@@ -1,9 +1,13 @@
-"""Rank 0's speculative decoding by prompt lookup: proposals, acceptance, rollbacks, figures.
+"""Rank 0's speculative decoding: proposals (prompt lookup, a draft model), acceptance,
+rollbacks, figures.
 
 Each step rank 0 may propose, for a decoding row, up to SPEC_TOKENS tokens to follow its
-next token: the continuation of the latest earlier place where the row's last n tokens
-(n from NGRAM_MAX down to NGRAM_MIN) occurred in its prompt or answer. Edits and tool
-arguments repeat their input, so such places are common. The proposals travel in the step
+next token: first by prompt lookup, the continuation of the latest earlier place where the
+row's last n tokens (n from NGRAM_MAX down to NGRAM_MIN) occurred in its prompt or answer
+(edits and tool arguments repeat their input, so such places are common; it costs nothing).
+Where prompt lookup proposes nothing for a row and DRAFT_MODEL is set, the draft model
+proposes its greedy continuation (engine/draft_model.py, on rank 0 alone); the per-step
+rule counts its forwards in the step's cost (engine/spec_rule.py). The proposals travel in the step
 plan; every rank runs one forward over each row's next token and its proposals
 (engine/batch_engine.py), and rank 0 samples every position as if it were the next token:
 position j with the key of the request's (drawn + j)-th token.
@@ -20,6 +24,8 @@ distribution given "not t" is p with t removed and renormalised: the papers' res
 max(0, p - q), normalised. So every token follows p, and a seeded request gives the same
 tokens whatever shares its batch, and whether or not speculation is on.
 
+A draft model's proposals are its argmax: point masses too, so the same holds for them.
+
 Rows with penalties, a grammar or logprobs do not speculate (their sampling of position j
 would depend on the tokens before it); nor does a model whose caches cannot roll back.
 """
@@ -33,6 +39,7 @@ from typing import Any
 from mlx_lm.models.cache import KVCache
 
 from engine.batch_sampler import RowSampling
+from engine.draft_model import DraftModel
 from engine.spec_rule import StepCosts, acceptance, choose_width
 from ipc.status import SpeculationStats
 
@@ -103,16 +110,22 @@ def can_speculate(request: Any) -> bool:
 
 @dataclass
 class Speculator:
-    """Rank 0's proposals and what came of them; `tokens` 0 (or a `refusal`): off."""
+    """Rank 0's proposals and what came of them; `tokens` 0 (or a `refusal`): off.
+    `draft`: the draft model that proposes where prompt lookup has nothing (or None, and
+    `draft_reason` says why DRAFT_MODEL is not used)."""
 
     tokens: int
     refusal: str | None = None
     rule: bool = True  # the per-step rule decides (SPECULATIVE=auto); False: always propose
+    draft: DraftModel | None = None
+    draft_reason: str = ""
     totals: Figures = field(default_factory=Figures)
+    draft_totals: Figures = field(default_factory=Figures)  # the draft model's proposals
     costs: StepCosts = field(default_factory=StepCosts)  # the per-step rule's (spec_rule.py)
     _index: dict[int, NgramIndex] = field(default_factory=dict)
     _drafts: dict[int, list[int]] = field(default_factory=dict)  # the step's, by seq id
     _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
+    _drafted: set[int] = field(default_factory=set)  # rows the draft model proposed for
 
     @property
     def enabled(self) -> bool:
@@ -129,32 +142,64 @@ class Speculator:
             accepted_tokens=totals.accepted,
             acceptance_rate=round(totals.acceptance_rate, 4),
             tokens_per_step=round(totals.tokens_per_step, 4),
+            draft_model=self.draft.name if self.draft is not None and self.enabled else "",
+            draft_reason=self.draft_reason,
+            draft_proposed_tokens=self.draft_totals.proposed,
+            draft_accepted_tokens=self.draft_totals.accepted,
         )
 
     def drafts(self, seq_ids: list[int], requests: dict[int, Any]) -> list[list[int]]:
         """The proposals of the next step's decode rows (all empty: none this step)."""
-        self._drafts = {}
+        self._drafts, self._drafted = {}, set()
         for gone in [s for s in self._index if s not in requests]:
             del self._index[gone]
+        if self.draft is not None:
+            self.draft.forget(requests)
         if not self.enabled:
             return []
-        out = []
-        for seq_id in seq_ids:
+        out: list[list[int]] = []
+        asks: dict[int, tuple[list[int], int]] = {}  # row: (history, most) for the draft
+        for row, seq_id in enumerate(seq_ids):
             request = requests.get(seq_id)
             draft: list[int] = []
             if request is not None and not request.finished and can_speculate(request):
                 index = self._index.setdefault(seq_id, NgramIndex())
                 history = [*request.prompt, *request.generated]
                 index.extend(history[len(index.tokens) :])
-                room = request.max_tokens - len(request.generated) - 1
-                draft = index.propose(min(self.tokens, room))
+                most = min(self.tokens, request.max_tokens - len(request.generated) - 1)
+                draft = index.propose(most)
+                if not draft and most > 0 and self.draft is not None:
+                    asks[row] = (history, most)
             out.append(draft)
-        if any(out) and self.rule:  # how wide a step pays (engine/spec_rule.py)
+        counts = [asks[row][1] if row in asks else len(d) for row, d in enumerate(out)]
+        width = 1 + self.tokens
+        if any(counts) and self.rule:  # how wide a step pays (engine/spec_rule.py)
             rates = [self._rate(requests.get(seq_id)) for seq_id in seq_ids]
-            width = choose_width([len(d) for d in out], rates, self.costs)
+            ms = self.draft.token_ms if self.draft is not None else 0.0
+            making = [ms if row in asks else 0.0 for row in range(len(out))]
+            width = choose_width(counts, rates, self.costs, making)
             out = [draft[: width - 1] for draft in out]
+        for row, (history, most) in asks.items():
+            if self.draft is None:
+                break
+            try:
+                out[row] = self.draft.propose(seq_ids[row], history, min(most, width - 1))
+            except Exception as exc:  # the draft's trouble must never stop the step loop
+                self._drop_draft(exc)
+                break
+            if out[row]:
+                self._drafted.add(seq_ids[row])
         self._drafts = dict(zip(seq_ids, out, strict=True))
         return out if any(out) else []
+
+    def _drop_draft(self, exc: Exception) -> None:
+        """Serve on with prompt lookup alone after the draft model failed."""
+        assert self.draft is not None
+        self.draft_reason = f"DRAFT_MODEL={self.draft.name} failed ({type(exc).__name__}: {exc})"
+        log.error(
+            "draft model dropped: %s; speculation uses prompt lookup alone", self.draft_reason
+        )
+        self.draft = None
 
     @staticmethod
     def _rate(request: Any) -> float:
@@ -191,6 +236,9 @@ class Speculator:
             figures.proposed += len(draft)
             figures.accepted += kept
             figures.rejections += kept < len(draft)
+        if seq_id in self._drafted:
+            self.draft_totals.proposed += len(draft)
+            self.draft_totals.accepted += kept
         return kept + 1
 
     def count(self, request: Any, taken: int) -> None:

@@ -77,6 +77,10 @@ class SpeculationStats(BaseModel):
     accepted_tokens: int = 0
     acceptance_rate: float = 0.0  # accepted / proposed
     tokens_per_step: float = 0.0  # tokens a decoding row took per step
+    draft_model: str = ""  # DRAFT_MODEL in use (engine/draft_model.py); empty: none
+    draft_reason: str = ""  # why DRAFT_MODEL is set but not used
+    draft_proposed_tokens: int = 0  # of proposed_tokens, those the draft model proposed
+    draft_accepted_tokens: int = 0
 
 
 class Status(BaseModel):

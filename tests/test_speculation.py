@@ -39,10 +39,13 @@ def flat_costs() -> StepCosts:
     return costs
 
 
-def generate(tiny, submits: list[Submit], spec_tokens: int, batch: int = 8) -> dict:
-    """Run `submits` to the end, `batch` at a time; {id: (token ids, Done)}."""
+def generate(
+    tiny, submits: list[Submit], spec_tokens: int, batch: int = 8, speculator=None
+) -> dict:
+    """Run `submits` to the end, `batch` at a time; {id: (token ids, Done)}. `speculator`:
+    one of the test's own instead of prompt lookup with `spec_tokens`."""
     model, tokenizer = tiny
-    speculator = Speculator(spec_tokens, costs=flat_costs())
+    speculator = speculator or Speculator(spec_tokens, costs=flat_costs())
     scheduler = Scheduler(tokenizer, batch, 512, speculator=speculator)
     engine = BatchEngine(model, 256)
     for submit in submits:
