@@ -7,7 +7,8 @@ the sliced parameters' sizes gives each rank's weight bytes exactly, without rea
 weight. KV cache: the family's cache kind and this rank's KV heads (tensor) or layers
 (pipeline) give the bytes per token (the prefix cache measures the same figure on every
 rank at start: engine/prefix_store.py); sliding-window layers add a fixed window per
-sequence instead.
+sequence instead. A draft model (DRAFT_MODEL, engine/draft_model.py) counts on rank 0
+alone: its whole weights (the safetensors' data sizes) and float KV of each sequence.
 """
 
 from __future__ import annotations
@@ -73,6 +74,18 @@ def _headers(model_dir: Path) -> dict[str, dict]:
     return tensors
 
 
+def draft_bytes(draft_dir: Path) -> tuple[int, int]:
+    """A draft model's weight bytes (the sizes its safetensors headers give) and KV bytes
+    per token (unsplit, float: rank 0 holds all of it as plain KV caches)."""
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    weights = sum(
+        info["data_offsets"][1] - info["data_offsets"][0] for info in _headers(draft_dir).values()
+    )
+    plan = make_plan(config, 1, None, "auto")
+    per_token, _ = kv_bytes(plan, float(activation_bytes(draft_dir, config)))[0]
+    return weights, per_token
+
+
 def activation_bytes(model_dir: Path, config: dict) -> int:
     """Bytes per element of the hidden state (and so of the KV cache): the dtype of the
     final norm's weight, which no quantization touches."""
@@ -135,10 +148,17 @@ class RankMemory(BaseModel):
     available_bytes: int  # its machine's memory divided among the ranks on it
     prefix_bytes: int = 0  # its prefix cache's budget
     longest_context: int | None = None  # at MAX_BATCH_SIZE, beside weights and prefix cache
+    draft_weight_bytes: int = 0  # rank 0: DRAFT_MODEL's weights
+    draft_kv_bytes_per_token: int = 0
+    draft_kv_bytes: int = 0  # for the configured batch of full sequences
+
+    @property
+    def draft_bytes(self) -> int:
+        return self.draft_weight_bytes + self.draft_kv_bytes
 
     @property
     def needed_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes
+        return self.weight_bytes + self.kv_bytes + self.draft_bytes
 
     @property
     def short_bytes(self) -> int:
@@ -153,11 +173,14 @@ class FitReport(BaseModel):
     sequences: int  # MAX_BATCH_SIZE
     sequence_length: int  # MAX_SEQUENCE_LENGTH, or the model's context lowered to what fits
     kv_bits: int | None = None  # KV_CACHE_BITS
+    draft_model: str = ""  # DRAFT_MODEL, on rank 0
 
     def problems(self) -> list[str]:
         short = [
             f"rank {r.rank} on {r.host} needs {_gib(r.needed_bytes)} (weights "
-            f"{_gib(r.weight_bytes)} + KV {_gib(r.kv_bytes)}) but has {_gib(r.available_bytes)}:"
+            f"{_gib(r.weight_bytes)} + KV {_gib(r.kv_bytes)}"
+            f"{f' + draft model {_gib(r.draft_bytes)}' if r.draft_bytes else ''}) but has "
+            f"{_gib(r.available_bytes)}:"
             f" short by {_gib(r.short_bytes)}"
             for r in self.ranks
             if r.short_bytes
@@ -179,12 +202,20 @@ class FitReport(BaseModel):
         for r in self.ranks:
             verdict = "fits" if not r.short_bytes else f"SHORT by {_gib(r.short_bytes)}"
             longest = "no bound" if r.longest_context is None else f"{r.longest_context} tokens"
+            draft = (
+                f" + draft model {_gib(r.draft_weight_bytes)} + its KV {_gib(r.draft_kv_bytes)}"
+                f" ({r.draft_kv_bytes_per_token} bytes/token)"
+                if r.draft_bytes
+                else ""
+            )
             lines.append(
                 f"  rank {r.rank} on {r.host}: weights {_gib(r.weight_bytes)} + KV "
-                f"{_gib(r.kv_bytes)} ({r.kv_bytes_per_token} bytes/token) = "
+                f"{_gib(r.kv_bytes)} ({r.kv_bytes_per_token} bytes/token){draft} = "
                 f"{_gib(r.needed_bytes)} of {_gib(r.available_bytes)}: {verdict}; longest "
                 f"context at MAX_BATCH_SIZE={self.sequences}: {longest}"
             )
+        if self.draft_model:
+            lines.append(f"  draft model on rank 0 (DRAFT_MODEL): {self.draft_model}")
         return lines
 
 
@@ -208,11 +239,14 @@ def predict(
     sequence_length: int | None,
     prefix_setting: int | None = None,
     kv_bits: int | None = None,
+    draft_dir: Path | None = None,
 ) -> FitReport:
     """Each rank's figures; `sequence_length` None: the model's context, lowered to the
     longest every rank holds (as rank 0 chooses it: engine/context_window.py). `kv_bits`
-    (KV_CACHE_BITS) applies where the ranks apply it: not to sliding-window models."""
+    (KV_CACHE_BITS) applies where the ranks apply it: not to sliding-window models.
+    `draft_dir`: DRAFT_MODEL's directory, whose weights and KV rank 0 holds too."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
+    draft_weights, draft_per_token = draft_bytes(draft_dir) if draft_dir else (0, 0)
     weights = predict_weight_bytes(model_dir, plan)
     bits = None if plan.shape.sliding_layers else kv_bits
     kv = kv_bytes(plan, element_bytes(activation_bytes(model_dir, config), bits))
@@ -222,7 +256,8 @@ def predict(
         neighbours = sum(1 for other in hosts if other.host == host.host)
         available = host.memory_bytes // neighbours
         prefix = prefix_budget(prefix_setting, host.memory_bytes, neighbours, weights[rank])
-        free = available - weights[rank] - prefix
+        draft = (draft_weights, draft_per_token) if rank == 0 else (0, 0)  # rank 0's alone
+        free = available - weights[rank] - prefix - draft[0]
         ranks.append(
             RankMemory(
                 rank=rank,
@@ -232,7 +267,11 @@ def predict(
                 kv_bytes=0,
                 available_bytes=available,
                 prefix_bytes=prefix,
-                longest_context=longest_context(free, sequences, per_token, per_sequence),
+                longest_context=longest_context(
+                    free, sequences, per_token + draft[1], per_sequence
+                ),
+                draft_weight_bytes=draft[0],
+                draft_kv_bytes_per_token=draft[1],
             )
         )
     if sequence_length is None:
@@ -240,8 +279,14 @@ def predict(
         sequence_length = min([model_context(config) or FALLBACK_CONTEXT, *bounds])
     for memory, (per_token, per_sequence) in zip(ranks, kv, strict=True):
         memory.kv_bytes = sequences * (per_token * sequence_length + per_sequence)
+        memory.draft_kv_bytes = sequences * memory.draft_kv_bytes_per_token * sequence_length
     return FitReport(
-        plan=plan, ranks=ranks, sequences=sequences, sequence_length=sequence_length, kv_bits=bits
+        plan=plan,
+        ranks=ranks,
+        sequences=sequences,
+        sequence_length=sequence_length,
+        kv_bits=bits,
+        draft_model=str(draft_dir or ""),
     )
 
 
@@ -254,18 +299,22 @@ def check_fit(
     sequence_length: int | None = None,
     prefix_setting: int | None = None,
     kv_bits: int | None = None,
+    draft_dir: Path | None = None,
 ) -> FitReport:
     """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
     rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
     `sequence_length` (MAX_SEQUENCE_LENGTH; None: the model's context, lowered to what the
     ranks hold beside their prefix caches) tokens fit its machine (its memory divided among
-    the ranks on it). Reads config.json and the safetensors headers; loads no weight.
+    the ranks on it); `draft_dir` (DRAFT_MODEL) adds its weights and KV to rank 0's. Reads
+    config.json and the safetensors headers; loads no weight.
     Returns the plan and the per-rank figures (`FitReport.describe()`); raises PlanError
     naming the rank and the shortfall when a rank does not fit (DoesNotFit, which carries
     the report), or when the split itself is refused."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     plan = make_plan(config, len(hosts), weights, parallelism, hosts)
-    report = predict(model_dir, plan, hosts, sequences, sequence_length, prefix_setting, kv_bits)
+    report = predict(
+        model_dir, plan, hosts, sequences, sequence_length, prefix_setting, kv_bits, draft_dir
+    )
     problems = report.problems()
     if problems:
         raise DoesNotFit("; ".join(problems) + ". What would work: " + _remedy(report), report)

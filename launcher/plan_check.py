@@ -5,6 +5,8 @@ Local mode: NUM_DEVICES ranks on this machine, sharing its memory. Remote mode: 
 machine is rank 0 and each WORKER_HOSTS entry one more rank, whose cores and memory come
 from `launcher.detect` over SSH. Prints the plan and one memory line per rank; exits 2,
 naming the rank and its shortfall, when the split is refused or a rank does not fit.
+DRAFT_MODEL, when set, is resolved as the ranks resolve it and counts on rank 0; one that
+cannot be resolved is named (rank 0 then serves without it) and left out.
 
     python -m launcher.plan_check MODEL_DIR
 """
@@ -46,8 +48,22 @@ def plan_hosts(settings: Settings, timeout: float = 5.0) -> list[RankHost]:
     return hosts
 
 
+def draft_dir(settings: Settings) -> Path | None:
+    """DRAFT_MODEL's directory; None when unset or when it cannot be resolved (said why)."""
+    if not settings.draft_model.strip():
+        return None
+    from engine.draft_model import DraftError, resolve_draft  # imports mlx: when set
+
+    try:
+        return resolve_draft(settings)
+    except DraftError as exc:
+        print(f"draft model left out: {exc} (rank 0 serves without it)", file=sys.stderr)
+        return None
+
+
 def check(settings: Settings, model_dir: Path) -> int:
     try:
+        draft = draft_dir(settings)
         hosts = plan_hosts(settings)
         weights = resolve_weights(settings.rank_weights, hosts)
         report = check_fit(
@@ -59,6 +75,7 @@ def check(settings: Settings, model_dir: Path) -> int:
             settings.max_sequence_length,
             settings.prefix_cache_bytes,
             settings.kv_bits,
+            draft,
         )
     except DoesNotFit as exc:
         print("\n".join(describe(exc.report.plan) + exc.report.describe()))

@@ -2,7 +2,8 @@
 that share one tokenizer: its proposals are its greedy continuation, its per-row cache
 follows the history across accepted and rejected proposals (the same keys and values as a
 fresh prefill), a draft with another tokenizer or none at all is refused with its reason,
-and speculation with it gives the answers speculation off gives.
+speculation with it gives the answers speculation off gives, and the plan counts its
+memory on rank 0.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model, load_tokenizer
 
 from config.settings import Settings
+from distributed.hosts import RankHost
+from distributed.memory import check_fit
 from engine.draft_model import DraftError, load_draft, tokenizer_difference
 from engine.speculation import Speculator
+from launcher.plan_check import draft_dir
 from tests.support.tiny_models import write_tiny_model
 from tests.test_speculation import generate, request
 
@@ -143,3 +147,26 @@ def test_speculation_with_a_draft_gives_the_same_answers(served, other, which):
     assert draft.rows == {}  # every row left: their caches went with them
     alone = generate(tiny, submits[:1], 4, speculator=Speculator(4, rule=False, draft=draft))
     assert alone["a"][0] == off["a"][0]
+
+
+def test_the_plan_counts_the_draft_on_rank_0(served, other):
+    hosts = [RankHost(host="here", cores=2, memory_bytes=2**34)] * 2
+    plain = check_fit(served, hosts, None, "tensor", sequences=4, sequence_length=512)
+    report = check_fit(served, hosts, None, "tensor", 4, 512, draft_dir=other)
+    first, second = report.ranks
+    weights = (other / "model.safetensors").stat().st_size
+    assert weights - 4096 < first.draft_weight_bytes < weights  # the file less its header
+    assert first.draft_kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # layers, k+v, heads, dim, f32
+    assert first.draft_kv_bytes == 4 * 512 * first.draft_kv_bytes_per_token
+    assert first.needed_bytes == plain.ranks[0].needed_bytes + first.draft_bytes
+    assert second.draft_bytes == 0 and second.needed_bytes == plain.ranks[1].needed_bytes
+    assert first.longest_context < plain.ranks[0].longest_context  # the draft's KV beside
+    text = "\n".join(report.describe())
+    assert "+ draft model" in text and f"(DRAFT_MODEL): {other}" in text
+
+
+def test_the_plan_command_resolves_the_draft_or_names_why_not(other, capsys):
+    assert draft_dir(Settings(_env_file=None, draft_model=str(other))) == other.resolve()
+    assert draft_dir(Settings(_env_file=None, draft_model="")) is None
+    assert draft_dir(Settings(_env_file=None, draft_model="/nowhere/x")) is None
+    assert "draft model left out: DRAFT_MODEL='/nowhere/x'" in capsys.readouterr().err
