@@ -179,7 +179,7 @@ function renderCache(s) {
 function renderSpeculation(s) {
   const p = s.speculation;
   facts($("speculation"), [
-    ["state", p.enabled ? `prompt lookup, up to ${p.spec_tokens} tokens a row` : `off${p.reason ? `: ${p.reason}` : ""}`],
+    ["state", p.enabled ? `prompt lookup${p.draft_model ? `, else draft ${p.draft_model}` : ""}, up to ${p.spec_tokens} tokens a row` : `off${p.reason ? `: ${p.reason}` : ""}`],
     ["proposed / accepted", `${count(p.proposed_tokens)} / ${count(p.accepted_tokens)}`],
     ["acceptance rate", p.proposed_tokens ? `${(100 * p.acceptance_rate).toFixed(0)}%` : "-"],
     ["tokens per step", p.tokens_per_step ? p.tokens_per_step.toFixed(2) : "-"],
