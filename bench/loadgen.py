@@ -197,9 +197,10 @@ async def stream_chat(
     endpoint: Endpoint,
     prompt: str | list[dict[str, str]],
     max_tokens: int,
+    result: RequestResult | None = None,
 ) -> RequestResult:
     """Send one greedy streaming chat completion (a user prompt, or whole messages) and
-    time its content deltas."""
+    time its content deltas (into `result` when given: a cancelled caller keeps them)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body: dict = {
         "messages": messages,
@@ -212,7 +213,8 @@ async def stream_chat(
     if endpoint.model:
         body["model"] = endpoint.model
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-    result = RequestResult(start=time.perf_counter())
+    result = result or RequestResult()
+    result.start = time.perf_counter()
     url = endpoint.url.rstrip("/") + "/v1/chat/completions"
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:

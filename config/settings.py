@@ -143,12 +143,12 @@ class Settings(BaseSettings):
     default_top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     default_top_k: int = Field(default=0, ge=0)
     default_min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    # prompt tokens a step prefills while no answer decodes (and the most in any step)
-    prefill_chunk_size: int = Field(default=256, ge=16)
+    # prompt tokens a step prefills while no answer decodes (and the most in any step):
+    # mlx-lm's prefill step; fewer steps of fixed cost (engine/prefill_budget.py)
+    prefill_chunk_size: int = Field(default=2048, ge=16)
     # beside running answers the prefill may make steps at most this many times a decode
-    # step, on average (engine/prefill_budget.py); 0 (the default until the bound is shown
-    # to hold on a quiet machine): every step prefills PREFILL_CHUNK_SIZE tokens
-    prefill_slowdown: float = Field(default=0.0, ge=0.0, le=100.0)
+    # step, on average (engine/prefill_budget.py); 0: every step prefills PREFILL_CHUNK_SIZE
+    prefill_slowdown: float = Field(default=2.0, ge=0.0, le=100.0)
     # a request reaching an idle cluster waits up to this long for more (engine/leader.py)
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it

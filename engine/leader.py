@@ -275,8 +275,8 @@ class Leader:
         accepted = scheduler.speculator.totals.accepted
         scheduler.on_result(result)
         accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
+        width = 1 + max((len(draft) for draft in plan.drafts), default=0)
         if plan.tokens and not result.prefill_tokens:  # a decode step: the rule's costs
-            width = 1 + max((len(draft) for draft in plan.drafts), default=0)
             eager = width > 1 or engine.compiled is None or not engine.compiled.enabled
             ms = (launched - streamed_first + computed - streamed) * 1000
             scheduler.speculator.costs.observe(len(plan.tokens) * width, eager, ms)
@@ -287,10 +287,12 @@ class Leader:
         self._flush()
         done = time.perf_counter()
         self.last_step_ms = (done - started) * 1000
-        if scheduler.prefill_budget is not None and not any(plan.drafts):
-            # the whole step, as the answers' inter-token latency sees it
+        if scheduler.prefill_budget is not None:
+            # the whole step, as the answers' inter-token latency sees it; a speculative
+            # step's decode part counts as rows x positions (skipping those steps starved
+            # a 32K-token prompt beside 4 speculating answers: no credit in 300 s)
             scheduler.prefill_budget.observe(
-                len(plan.tokens), engine.last_prefill, self.last_step_ms
+                len(plan.tokens) * width, engine.last_prefill, self.last_step_ms
             )
         if log.isEnabledFor(logging.DEBUG):
             after = (self.broadcaster.collective_seconds, self._forward_collectives())

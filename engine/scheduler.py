@@ -206,6 +206,7 @@ class Scheduler:
         decoding = [s for s in engine.decode_ids if s not in removed]
         tokens = [self.next_token.pop(s) for s in decoding]
         drafts = self.speculator.drafts(decoding, self.active)
+        width = 1 + max((len(draft) for draft in drafts), default=0)  # positions a row
         for seq_id in removed:
             self.next_token.pop(seq_id, None)
         ops = PlanOps()
@@ -247,7 +248,7 @@ class Scheduler:
             evicts=ops.evicts,
             drafts=drafts,
             rollbacks=rollbacks,
-            prefill=self._prefill_tokens(engine, removed, len(decoding), inserts),
+            prefill=self._prefill_tokens(engine, removed, len(decoding) * width, inserts),
             saves=ops.saves,
             loads=ops.loads,
             drops=ops.drops,
@@ -256,7 +257,8 @@ class Scheduler:
     def _prefill_tokens(
         self, engine: BatchEngine, removed: set[int], rows: int, inserts: list
     ) -> int | None:
-        """The step's prefill budget (None: the engine's PREFILL_CHUNK_SIZE)."""
+        """The step's prefill budget (None: the engine's PREFILL_CHUNK_SIZE); `rows`: the
+        decode positions (rows x a speculative step's width)."""
         if self.prefill_budget is None:
             return None
         pending = [

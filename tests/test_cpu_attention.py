@@ -9,6 +9,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model
 
+from engine import cpu_attention
 from engine.cpu_attention import _mlx_attention, grouped_attention
 from tests.support.family_configs import CONFIGS, MLX_LM_CONFIGS
 from tests.support.logits_probe import decode_in_batch
@@ -47,6 +48,26 @@ def test_every_mask_kind_matches_mlx(shape: tuple[int, ...]) -> None:
         theirs = _mlx_attention(q, k, v, scale=dims**-0.5, mask=mask)
         assert ours.shape == theirs.shape
         assert mx.abs(ours - theirs).max().item() < 1e-5, name
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=[str(s) for s in SHAPES[1:]])
+def test_a_long_chunk_taken_in_blocks_of_rows_gives_the_same(
+    shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of 1-2 query rows (as a 2,048-token chunk against a long cache is taken):
+    every mask kind, the causal one seeing only the keys up to each block's last row."""
+    batch, heads, kv_heads, n, length, dims, value_dims = shape
+    mx.random.seed(2)
+    q = mx.random.normal((batch, heads, n, dims))
+    k = mx.random.normal((batch, kv_heads, length, dims))
+    v = mx.random.normal((batch, kv_heads, length, value_dims))
+    masks = _masks(batch, n, length)
+    whole = {name: grouped_attention(q, k, v, scale=0.3, mask=m) for name, m in masks.items()}
+    for rows in (1, 2):
+        monkeypatch.setattr(cpu_attention, "SCORE_ELEMENTS", rows * heads * length)
+        for name, mask in masks.items():
+            blocked = grouped_attention(q, k, v, scale=0.3, mask=mask)
+            assert mx.abs(blocked - whole[name]).max().item() < 1e-5, (rows, name)
 
 
 def test_a_row_with_nothing_visible_stays_finite() -> None:

@@ -10,62 +10,44 @@ seconds before it, both measured from the stream's arrival times in this one run
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 from statistics import mean
 
-import mlx.core as mx
 import pytest
 
 from ipc.client import RankClient
 from ipc.protocol import Cancel, Delta, Done, Error, Started
 from launcher.local_cluster import Cluster
-from tests.support.long_context_model import write_long_context_model
+from tests.support.long_context_model import write_endless_model
 from tests.support.rank_requests import greedy
 
 pytestmark = pytest.mark.cluster
 
 STREAMS = 4
-SPECIAL = 17
 LAYERS = 4  # as in the issue's measurement; attention over the cache in every chunk
-LONG_WORDS = 6000  # about as many tokens: 10-20 s of prefill here beside 4 answers
+LONG_WORDS = 6000  # about as many tokens: 5-25 s of prefill here beside 4 answers
 BEFORE_S = 3.0  # the window of inter-token latency before the long prompt
-ENV = {
+ENV = {  # PREFILL_CHUNK_SIZE and PREFILL_SLOWDOWN as shipped (2048, 2)
     "MAX_BATCH_SIZE": "8",
     "MAX_SEQUENCE_LENGTH": "16384",
-    "PREFILL_CHUNK_SIZE": "1024",
     "KEEP_WARM_SECONDS": "0",
-    "PREFILL_SLOWDOWN": "2",
 }
 
 
-def write_endless_model(directory: Path) -> Path:
-    """The long-context model whose special tokens (SmolLM2's first 17, every end of
-    sequence among them) never win a greedy step."""
-    write_long_context_model(directory, layers=LAYERS)
-    path = directory / "model.safetensors"
-    weights = mx.load(str(path))
-    eos = json.loads((directory / "config.json").read_text())["eos_token_id"]
-    assert eos < SPECIAL, f"end of sequence {eos} is not among the first {SPECIAL} tokens"
-    head = weights["lm_head.weight"]
-    head[:SPECIAL] = 0.0  # the others' rows give some tokens positive logits, these 0
-    weights["lm_head.weight"] = head
-    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
-    return directory
+def counts(arrivals: dict[str, list[float]], start: float, end: float) -> list[int]:
+    """Each stream's tokens that arrived between two times."""
+    return [sum(start <= t <= end for t in times) for times in arrivals.values()]
 
 
 def rate(arrivals: dict[str, list[float]], start: float, end: float) -> float:
     """Tokens a second of one stream, on average over the streams, between two times;
     its inverse is their mean inter-token latency (the client may read a step's deltas
     late when the machine is loaded, which counts over seconds, not gap by gap)."""
-    counts = [sum(start <= t <= end for t in times) for times in arrivals.values()]
-    assert min(counts) > 10, f"too few tokens arrived between {start} and {end}: {counts}"
-    return mean(counts) / (end - start)
+    return max(1e-9, mean(counts(arrivals, start, end))) / (end - start)
 
 
-def long_prompt_beside_streams(client: RankClient) -> dict[str, float]:
+def long_prompt_beside_streams(client: RankClient, words: int) -> dict[str, float]:
     """Stream 4 answers, send the long prompt, and measure; every request is ended."""
     arrivals: dict[str, list[float]] = {f"s{i}": [] for i in range(STREAMS)}
     for i in range(STREAMS):
@@ -85,7 +67,7 @@ def long_prompt_beside_streams(client: RankClient) -> dict[str, float]:
             long_started, prompt_tokens = now, message.prompt_tokens
         if not long_sent and all(t and t[0] < now - BEFORE_S - 1.0 for t in arrivals.values()):
             long_sent = now
-            client.send(greedy("long", " hello" * LONG_WORDS, 4))
+            client.send(greedy("long", " hello" * words, 4))
     for request_id in [*arrivals, "long"]:
         client.send(Cancel(id=request_id))
     ended: set[str] = set()
@@ -98,6 +80,7 @@ def long_prompt_beside_streams(client: RankClient) -> dict[str, float]:
     during = rate(arrivals, long_started, long_first)
     return {
         "prompt_tokens": prompt_tokens,
+        "during_tokens": min(counts(arrivals, long_started, long_first)),
         "prefill_s": long_first - long_started,
         "before_ms": 1000 / before,
         "during_ms": 1000 / during,
@@ -105,18 +88,20 @@ def long_prompt_beside_streams(client: RankClient) -> dict[str, float]:
     }
 
 
-@pytest.mark.skipif(
-    os.environ.get("PREFILL_MEASURE") != "1",
-    reason="opt-in (PREFILL_MEASURE=1) until it holds: the 3x bound held in 3 of 6 runs on "
-    "this 2-core host under a load average of 8-10 from other jobs (fixed chunks: 5.8x at "
-    "256, 8.6x at 1024); issue 29 stays open for it",
-)
 def test_a_long_prompt_leaves_running_answers_streaming(tmp_path):
-    model = write_endless_model(tmp_path / "endless")
+    """Always on: the answers keep getting tokens while a 3,000-token prompt prefills (with
+    fixed 2,048-token chunks they would wait a whole chunk a step). The 3x bound on their
+    latency is a figure, measured with PREFILL_MEASURE=1 (a 6,000-token prompt) and by
+    bench/long_prefill.py (32K, against mlx_lm.server): speed is not asserted in the suite."""
+    measure = os.environ.get("PREFILL_MEASURE") == "1"
+    words = LONG_WORDS if measure else LONG_WORDS // 2
+    model = write_endless_model(tmp_path / "endless", LAYERS)
     with Cluster(model, ranks=2, env=ENV) as cluster, cluster.client() as client:
-        figures = long_prompt_beside_streams(client)
+        figures = long_prompt_beside_streams(client, words)
     print("long prefill beside 4 answers:", figures)
-    assert figures["prompt_tokens"] >= LONG_WORDS
-    # The budget lets steps grow to PREFILL_SLOWDOWN (2) x a decode step on average; 3x
-    # leaves room for the model's misses and a loaded machine.
-    assert figures["ratio"] <= 3.0, figures
+    assert figures["prompt_tokens"] >= words
+    assert figures["during_tokens"] > 10, figures  # each answer's, while it prefilled
+    if measure:
+        # The budget lets steps grow to PREFILL_SLOWDOWN (2) x a decode step on average;
+        # 3x leaves room for the model's misses and tokens per step that speculation varies.
+        assert figures["ratio"] <= 3.0, figures

@@ -73,3 +73,21 @@ def write_long_context_model(
     mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "mlx"})
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+SPECIAL = 17  # SmolLM2's special tokens, every end of sequence among them
+
+
+def write_endless_model(directory: Path, layers: int) -> Path:
+    """The long-context model whose special tokens (SmolLM2's first 17, every end of
+    sequence among them) never win a greedy step."""
+    write_long_context_model(directory, layers=layers)
+    path = directory / "model.safetensors"
+    weights = mx.load(str(path))
+    eos = json.loads((directory / "config.json").read_text())["eos_token_id"]
+    assert eos < SPECIAL, f"end of sequence {eos} is not among the first {SPECIAL} tokens"
+    head = weights["lm_head.weight"]
+    head[:SPECIAL] = 0.0  # the others' rows give some tokens positive logits, these 0
+    weights["lm_head.weight"] = head
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    return directory
