@@ -91,6 +91,7 @@ def figures_through_the_api(cluster: Cluster) -> None:
         assert 0 < performance["acceptance_rate"] <= 1.0
         metrics = httpx.get(f"{api.base_url}/metrics").text
         assert "speculation_accepted_tokens_total" in metrics, metrics[-2000:]
+        assert "speculation_draft_proposed_tokens_total" in metrics, metrics[-2000:]
         status = httpx.get(f"{api.base_url}/cluster/status").json()["speculation"]
         assert status["enabled"] and status["accepted_tokens"] >= performance["accepted_tokens"]
 

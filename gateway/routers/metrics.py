@@ -53,10 +53,12 @@ _PREFIX_DISK_FAMILIES: Figures = (
 # Speculative decoding's totals (SpeculationStats, engine/speculation.py), each named
 # "speculation_" + the field.
 _SPECULATION_FAMILIES: Figures = (
-    (CounterMetricFamily, "proposed_tokens", "Tokens proposed by prompt lookup"),
+    (CounterMetricFamily, "proposed_tokens", "Tokens proposed (prompt lookup and draft)"),
     (CounterMetricFamily, "accepted_tokens", "Proposed tokens the model accepted"),
     (GaugeMetricFamily, "acceptance_rate", "Accepted over proposed tokens since the start"),
     (GaugeMetricFamily, "tokens_per_step", "Tokens a decoding row took per step"),
+    (CounterMetricFamily, "draft_proposed_tokens", "Of those, proposed by DRAFT_MODEL"),
+    (CounterMetricFamily, "draft_accepted_tokens", "DRAFT_MODEL's proposals accepted"),
 )
 
 
