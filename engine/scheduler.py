@@ -168,9 +168,8 @@ class Scheduler:
 
     @property
     def client_rows(self) -> int:
-        """Rows in the batch that answer a client: rank 0's keep-warm request is not one.
-        Read by the socket thread, so it copies the values first (one C call under the GIL)."""
-        return sum(1 for request in list(self.active.values()) if request.conn != KEEP_WARM_CONN)
+        """Rows answering a client, not rank 0's keep-warm (the socket thread reads it)."""
+        return sum(1 for r in list(self.active.values()) if r.conn != KEEP_WARM_CONN)
 
     def cancel(self, conn: Any, request_id: str, notify: bool = True) -> None:
         """Drop a request wherever it is; it leaves the batch at the next step."""
@@ -257,8 +256,7 @@ class Scheduler:
     def _prefill_tokens(
         self, engine: BatchEngine, removed: set[int], rows: int, inserts: list
     ) -> int | None:
-        """The step's prefill budget (None: the engine's PREFILL_CHUNK_SIZE); `rows`: the
-        decode positions (rows x a speculative step's width)."""
+        """The step's prefill tokens beside `rows` decode positions (None: the engine's)."""
         if self.prefill_budget is None:
             return None
         pending = [
