@@ -5,10 +5,19 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")" || exit 1
 
+# The coding agents install from npm while pip fills .venv: a fresh clone's setup took
+# 135 s one after the other.
+agents_log="$(mktemp)"
+scripts/setup_agents.sh >"$agents_log" 2>&1 &
+agents=$!
 echo "==> Python environment (.venv with test tools)"
 scripts/setup_venv.sh dev || exit 1
 echo "==> Coding agents (Claude Code, Codex CLI, opencode from npm, pinned)"
-scripts/setup_agents.sh || exit 1
+wait "$agents"
+agents_status=$?
+cat "$agents_log"
+rm -f "$agents_log"
+((agents_status == 0)) || exit 1
 
 # MLX's Linux CPU wheel ships a slow BLAS; Debian's OpenBLAS makes the model tests fast.
 eval "$(.venv/bin/python -m launcher.command blas-env)"
@@ -22,15 +31,24 @@ echo "==> ruff format --check"
 echo "==> mypy (strict on config/, ipc/, gateway/)"
 .venv/bin/mypy || { echo "error: the type checker found problems" >&2; exit 1; }
 
-# The unit tests alone (-m "not cluster") run on every core: 55 s instead of 92 s on 2 cores.
-# Anything with cluster tests runs in one process: their ranks need the cores to themselves.
-workers=()
-[[ " $* " == *"not cluster"* ]] && workers=(-n "$(getconf _NPROCESSORS_ONLN)")
-
+# Unit tests run on every core (pytest-xdist: 55 s instead of 92 s on 2 cores); anything
+# with cluster tests runs in one process, since their ranks need the cores to themselves.
+# With no arguments: the unit tests in parallel, then the cluster tests one at a time.
+cores="$(getconf _NPROCESSORS_ONLN)"
 echo "==> pytest"
 SECONDS=0
-.venv/bin/pytest ${workers[@]+"${workers[@]}"} "$@"
-status=$?
+if (($# == 0)); then
+    .venv/bin/pytest -n "$cores" -m "not cluster"
+    unit=$?
+    .venv/bin/pytest -m cluster --durations=15
+    cluster=$?
+    status=$((unit > cluster ? unit : cluster))
+else
+    workers=()
+    [[ " $* " == *"not cluster"* ]] && workers=(-n "$cores")
+    .venv/bin/pytest ${workers[@]+"${workers[@]}"} "$@"
+    status=$?
+fi
 echo "pytest finished in ${SECONDS} s with exit status $status"
 if ((status == 5)); then
     echo "error: no tests ran (pytest exit 5): that is a failure here" >&2

@@ -11,7 +11,7 @@ after the fault waits for the restarted ranks (RESTART_WAIT_SECONDS) and succeed
 is ready again; and exactly one supervisor, mlx.launch, api.py and two ranks run, none of
 them a faulted one. The rows go to docs/RELIABILITY.md (CHAOS_REPORT=file collects them).
 
-SOAK_SECONDS (default 20) sets the soak's length: `SOAK_SECONDS=600` is the 10-minute soak.
+SOAK_SECONDS (default 12) sets the soak's length: `SOAK_SECONDS=600` is the 10-minute soak.
 Resident memory grows while the ranks warm up: measured on the development VM with 32
 clients, the ranks' RSS rose about 25% in the first minute (MLX's buffer cache filling
 with the sizes a varying batch needs), then 1% in the next 90 s. So a soak of 2 minutes or
@@ -63,7 +63,7 @@ COLLECTIVE_TIMEOUT = 3.0
 # The faults before the crash-loop test end the job 4 times; its kill is the 5th failure,
 # and a failed start after it makes 6: the supervisor gives up.
 RESTART_LIMIT = 6
-SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "20"))
+SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "12"))
 LONG_SOAK = SOAK_SECONDS >= 120
 SOAK_WARMUP_S = max(60.0, SOAK_SECONDS / 5) if LONG_SOAK else SOAK_SECONDS / 4
 SOAK_GROWTH = 0.05 if LONG_SOAK else 0.20

@@ -1,5 +1,5 @@
 """KV_CACHE_BITS on real ranks with the default model (SmolLM2-135M, float32 weights):
-greedy answers with 8-bit KV against float KV at 1 and 2 ranks, the 4-bit figure, each
+greedy answers with 8-bit KV against float KV at 2 ranks (and 1), the 4-bit figure, each
 rank's measured KV bytes per token against the plan's prediction, and a prefix-cache hit
 served from quantized entries (the same start of the answer).
 
@@ -74,9 +74,14 @@ def reference() -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+# 2 ranks always (the split heads' own KV quantized); 1 too with KV_BITS_RANKS=1,2 (28 s
+# of the suite's 20 minutes; the quantized cache itself is checked in one process).
+RANKS = [int(n) for n in os.environ.get("KV_BITS_RANKS", "2").split(",")]
+
+
+@pytest.mark.parametrize("ranks", RANKS)
 def test_8_bit_kv_keeps_the_greedy_answer(reference: list[int], ranks: int) -> None:
-    tokens, per_token, log = run(ranks, "8", repeat=ranks == 1)
+    tokens, per_token, log = run(ranks, "8", repeat=ranks == RANKS[0])
     share = agreement(tokens, reference)
     print(f"8-bit KV, {ranks} rank(s): {share:.1%} of {TOKENS} greedy tokens as float KV's")
     assert share >= 0.95, share

@@ -242,6 +242,12 @@ def test_a_remote_rank_killed_mid_stream_restarts_and_takes_the_worker_back(
     report(restart_row(fault, end, ready_after, lost))
 
 
+# A slow link is a measurement more than a fault (17 s of the suite's 20 minutes):
+# REMOTE_FAULTS=all runs it.
+@pytest.mark.skipif(
+    os.environ.get("REMOTE_FAULTS") != "all",
+    reason="opt-in (REMOTE_FAULTS=all ./test.sh -k remote): the suite's time",
+)
 def test_100_ms_on_a_workers_link_while_streaming(cluster: RemoteCluster) -> None:
     worker = cluster.hosts.workers[1]
     restarts = _supervisor(cluster)["restarts"]
