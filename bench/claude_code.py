@@ -30,7 +30,7 @@ from typing import Any
 from bench.compare import resolve_model_dir, token_counter
 from bench.even_model import make_even_variant
 from bench.loadgen import RequestResult, run_conversation
-from bench.servers import BenchRefused, Ours, Peer, log, wait_quiet
+from bench.servers import BenchRefused, log, running, server_of
 from launcher.command import ROOT
 from launcher.cpu_layer import preload
 
@@ -155,14 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             source = base if ranks == 1 else even
             model = long_variant(source, args.cache_dir / f"long-{source.name}", args.positions)
         for kind in args.servers:
-            if kind == "ours":
-                server: Ours | Peer = Ours(ranks, env, model, workdir)
-            else:
-                server = Peer(ranks, env, model, workdir, ranks > 1, kind == "peer-rows")
-            wait_quiet(args.max_load, 600)
-            log(f"{server.name}, {ranks} rank(s): starting")
-            server.start()
-            try:
+            with running(server_of(kind, ranks, env, model, workdir), args.max_load) as server:
                 for n in range(args.conversations):
                     tagged = f"[conversation {time.time_ns():x}-{n}]\n{system}"
                     turns = asyncio.run(
@@ -172,8 +165,6 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     rows.append(_row(server.name, ranks, turns))
                     log(json.dumps(rows[-1]))
-            finally:
-                server.stop()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}))
     print(report(rows))

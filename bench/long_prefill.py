@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import Endpoint, RequestResult, stream_chat
-from bench.servers import Ours, Peer, log, wait_quiet
+from bench.servers import log, running, server_of
 from launcher.command import ROOT
 from launcher.cpu_layer import preload
 
@@ -117,22 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for ranks in args.ranks:
         for kind in args.servers:
-            if kind == "ours":
-                server: Ours | Peer = Ours(ranks, env, model, workdir)
-            else:
-                server = Peer(ranks, env, model, workdir, ranks > 1, kind == "peer-rows")
-            wait_quiet(args.max_load, 600)
-            log(f"{server.name}, {ranks} rank(s): starting")
-            server.start()
-            try:
+            with running(server_of(kind, ranks, env, model, workdir), args.max_load) as server:
                 for _ in range(args.trials):
                     figures = asyncio.run(
                         long_prompt_beside_streams(server.endpoint, args.tokens, args.before)
                     )
                     rows.append({"server": server.name, "ranks": ranks, **figures})
                     log(json.dumps(rows[-1]))
-            finally:
-                server.stop()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}))
     print(report(rows))

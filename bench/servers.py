@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -335,3 +336,25 @@ class Peer:
             self.process.stdin.close()
         self.process.wait(timeout=5)
         self.process = None
+
+
+def server_of(
+    kind: str, ranks: int, env: dict[str, str], model: Path, workdir: Path
+) -> Ours | Peer:
+    """The server a bench's `--servers` names: ours, peer (mlx_lm.server; its launcher kept
+    quiet at 2 ranks or more, as ours is) or peer-rows (the peer given our few-row kernel)."""
+    if kind == "ours":
+        return Ours(ranks, env, model, workdir)
+    return Peer(ranks, env, model, workdir, ranks > 1, kind == "peer-rows")
+
+
+@contextmanager
+def running(server: Ours | Peer, max_load: float) -> Iterator[Ours | Peer]:
+    """Start `server` once the machine is quiet; stop it however the block ends."""
+    wait_quiet(max_load, 600)
+    log(f"{server.name}, {server.ranks} rank(s): starting")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
