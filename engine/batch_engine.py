@@ -24,7 +24,7 @@ from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.compiled_decode import CompiledDecode
 from engine.prefix_store import PrefixStore
 from engine.quantized_kv import make_caches
-from engine.step_plan import Insert, StepPlan, batch_fingerprint
+from engine.step_plan import Insert, StepPlan, batch_fingerprint, step_width
 
 PHASE_PREFILL = 0
 PHASE_DECODE = 1
@@ -243,7 +243,7 @@ class BatchEngine:
         seq_ids = list(self.decode_ids)
         widths = [1] * len(seq_ids)
         if self._decode_cache is not None and self._drafts:
-            width = 1 + max(len(d) for d in self._drafts)
+            width = step_width(self._drafts)
             rows.append(self._verify(width))
             widths = [width] * len(seq_ids)
             self.decode_lengths = [n + width for n in self.decode_lengths]

@@ -23,7 +23,7 @@ from distributed.wake import WakeSender
 from engine.batch_engine import BatchEngine
 from engine.cpu_attention import on_cpu_backend
 from engine.scheduler import Scheduler
-from engine.step_plan import StepPlan
+from engine.step_plan import StepPlan, step_width
 from ipc.server import Event, SocketServer
 from ipc.status import Counters, LoadProgress, RankState, RankStatus, Status
 
@@ -275,7 +275,7 @@ class Leader:
         accepted = scheduler.speculator.totals.accepted
         scheduler.on_result(result)
         accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
-        width = 1 + max((len(draft) for draft in plan.drafts), default=0)
+        width = step_width(plan.drafts)
         if plan.tokens and not result.prefill_tokens:  # a decode step: the rule's costs
             eager = width > 1 or engine.compiled is None or not engine.compiled.enabled
             ms = (launched - streamed_first + computed - streamed) * 1000

@@ -26,7 +26,7 @@ from engine.request_setup import Refusal, RequestSetup, SetupResult
 from engine.sampler import RequestSampler, Sample
 from engine.sampling_defaults import SamplingDefaults
 from engine.speculation import Speculator
-from engine.step_plan import StepPlan
+from engine.step_plan import StepPlan, step_width
 from ipc.protocol import (
     Done,
     Error,
@@ -205,7 +205,7 @@ class Scheduler:
         decoding = [s for s in engine.decode_ids if s not in removed]
         tokens = [self.next_token.pop(s) for s in decoding]
         drafts = self.speculator.drafts(decoding, self.active)
-        width = 1 + max((len(draft) for draft in drafts), default=0)  # positions a row
+        width = step_width(drafts)
         for seq_id in removed:
             self.next_token.pop(seq_id, None)
         ops = PlanOps()

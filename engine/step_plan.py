@@ -248,3 +248,9 @@ def batch_fingerprint(
     packed = struct.pack("<Q", step) + b"".join(struct.pack("<IBI", *e) for e in entries)
     packed += b"".join(struct.pack("<II", *item) for item in prefix)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")
+
+
+def step_width(drafts: Sequence[Sequence[int]]) -> int:
+    """Positions each decoding row takes in a step: its next token and the longest draft
+    (1 without speculation; rows with shorter drafts are padded to it)."""
+    return 1 + max((len(draft) for draft in drafts), default=0)
