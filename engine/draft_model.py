@@ -88,6 +88,7 @@ def tokenizer_difference(served: Any, draft: Any) -> str | None:
 class _Row:
     cache: list[Any]
     consumed: list[int] = field(default_factory=list)  # the tokens the cache holds
+    confirmed: int = 0  # of those, the leading ones taken from the row's history
 
 
 @dataclass
@@ -110,8 +111,10 @@ class DraftModel:
         row = self.rows.get(seq_id)
         if row is None:
             row = self.rows[seq_id] = _Row(make_prompt_cache(self.model))
-        common = 0
+        # The history only grows, so what the cache took from it still holds: only the
+        # proposals after it are compared (not the whole prompt again each step).
         limit = min(len(row.consumed), len(history) - 1)  # feed one token at least
+        common = min(row.confirmed, limit)
         while common < limit and row.consumed[common] == history[common]:
             common += 1
         if len(row.consumed) > common:
@@ -121,8 +124,10 @@ class DraftModel:
         feed = history[common:]
         if len(feed) > self.chunk:
             self._forward(row, feed[: self.chunk])
+            row.confirmed = len(row.consumed)
             return []
         proposals = [self._forward(row, feed)]
+        row.confirmed = len(history)
         while len(proposals) < count:
             proposals.append(self._forward(row, proposals[-1:]))
         return proposals
