@@ -6,8 +6,8 @@ nothing else. A speculative step (engine/speculation.py) feeds each decoding row
 token and the tokens rank 0 proposed after it, and needs the logits of all those positions;
 it runs its forward inside `computing(n)`. Every rank enters it with the same `n` (the step
 plan carries the proposals), so the shapes the heads gather and the pipeline stages send and
-receive agree across ranks. The value is read while the graph is built, never inside a
-compiled function's trace (the compiled decode step takes one position).
+receive agree across ranks. The value is read while the graph is built; the compiled decode
+step (engine/compiled_decode.py) traces each width once, inside `computing(width)`.
 """
 
 from __future__ import annotations

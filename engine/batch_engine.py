@@ -318,15 +318,20 @@ class BatchEngine:
         return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays, widths)
 
     def _verify(self, width: int) -> mx.array:
-        """One eager forward over each decoding row's next token and its draft, padded on
-        the right to `width` with the next token (the padding's logits are never used, and
-        the next plan rolls its positions back): [rows x width, V], row-major."""
+        """One forward (compiled where it applies) over each decoding row's next token and
+        its draft, padded on the right to `width` with the next token (the padding's logits
+        are never used, and the next plan rolls its positions back): [rows x width, V],
+        row-major."""
         inputs = [
             [token, *draft, *[token] * (width - 1 - len(draft))]
             for token, draft in zip(self._next_tokens, self._drafts, strict=True)
         ]
+        tokens = mx.array(inputs, dtype=mx.uint32)
+        compiled = self.compiled.step(tokens, self._decode_cache) if self.compiled else None
+        if compiled is not None:
+            return compiled
         with computing(width):
-            logits = self.model(mx.array(inputs, dtype=mx.uint32), cache=self._decode_cache)
+            logits = self.model(tokens, cache=self._decode_cache)
         logits = logits[:, -width:, :]
         return logits.reshape(-1, logits.shape[-1])
 

@@ -13,10 +13,16 @@ project's 2-core Xeon, SmolLM2-135M's 210 layer products (538 MB of float32 weig
 
 So a product of at most ROWS rows against a weight stored [out, in] (x @ W.T, the
 transposed-B call) runs dot_rows: each weight row is read once, as a stream, and dotted
-with every activation row, the output columns split among this library's threads. Other
-few-row products (a weight stored [in, out]: the output head) make one OpenBLAS sgemv a
-row up to SGEMV_ROWS rows, and everything else goes on to OpenBLAS. Results differ from
-sgemm's by summation order only.
+with every activation row, the output columns split among this library's threads. Against
+a weight stored [in, out] (x @ W: the output head) one row goes to OpenBLAS's sgemv, whose
+kernel reads that layout as fast, and 2 to ROWS rows run panel_rows, which reads the weight
+once for all of them (OpenBLAS's sgemm or one sgemv a row read it once a row). A speculative
+step (a row's next token and its proposals) is such a product. 2026-11-26, AMD EPYC (AVX2),
+2 threads, SmolLM2-135M's 49152 x 576 head [in, out]: 1, 2, 5, 8 rows 4.8-6.1, 5.6-6.5,
+8.3-10.3, 16.6 ms, against OpenBLAS's 5.6-7.3, 13.0-15.2, 20.1-21.1, 19.6-20.4; and a
+1536 x 576 layer [out, in]: 1, 5, 8 rows 91-141, 176-191, 291-330 us. Other few-row
+products (A transposed) make one OpenBLAS sgemv a row up to SGEMV_ROWS rows, and everything
+else goes on to OpenBLAS. Results differ from sgemm's by summation order only.
 
 Threads: as many as OpenBLAS's own (OPENBLAS_NUM_THREADS, which launcher/cpu_layer.py sets
 per rank), the caller and helpers that spin for 200 us after a product (the next one of a
@@ -41,7 +47,7 @@ with a message that says so (it could not be computed).
 #include <unistd.h>
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
-enum { ROWS = 16, SGEMV_ROWS = 4, BLOCK = 8, MAX_THREADS = 16 };
+enum { ROWS = 16, SGEMV_ROWS = 4, MAX_THREADS = 16 };
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
                          const float *, int, float, float *, int);
@@ -56,15 +62,27 @@ unsigned long mlx_ring_sgemm_rows_calls;
 
 /* ---- the kernel: C[i, n] = alpha * A[i, :] . B[n, :] + beta * C[i, n] ---------------- */
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
+/* One vector register's floats, and the rows of A a block takes: 2 x BLOCK accumulators, two
+   weight vectors and one row's vector stay in the registers (16 on AVX2, 32 on AVX-512).
+   With 16-float vectors on AVX2 (two registers each) 5 rows spilled, and a product of 5
+   rows cost 3.7x one row (2026-11-26, AMD EPYC, 1536 x 576: 1265 against 344 us). */
+#if defined(__AVX512F__)
+typedef float vec __attribute__((vector_size(64), aligned(4)));
+enum { LANES = 16, BLOCK = 8 };
+#else
+typedef float vec __attribute__((vector_size(32), aligned(4)));
+enum { LANES = 8, BLOCK = 6 };
+#endif
+typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
-static inline __attribute__((always_inline)) float sum16(v16 v) {
-  v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-  return (q[0] + q[2]) + (q[1] + q[3]);
+static inline __attribute__((always_inline)) float lanes_sum(vec v) {
+  float total = 0;
+  for (int i = 0; i < LANES; i += 4) {
+    v4 q;
+    __builtin_memcpy(&q, (const float *)&v + i, sizeof q);
+    total += (q[0] + q[2]) + (q[1] + q[3]);
+  }
+  return total;
 }
 
 /* M (a constant in each instance) rows of A against weight rows [n0, n1), two at a time */
@@ -74,20 +92,20 @@ static inline __attribute__((always_inline)) void dot_block(
   for (int n = n0; n < n1; n += 2) {
     int two = n + 1 < n1;
     const float *b0 = b + (long)n * ldb, *b1 = two ? b0 + ldb : b0;
-    v16 acc0[M], acc1[M];
-    for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (v16){0};
+    vec acc0[M], acc1[M];
+    for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (vec){0};
     int t = 0;
-    for (; t + 16 <= k; t += 16) {
-      v16 w0 = *(const v16 *)(b0 + t), w1 = *(const v16 *)(b1 + t);
+    for (; t + LANES <= k; t += LANES) {
+      vec w0 = *(const vec *)(b0 + t), w1 = *(const vec *)(b1 + t);
       for (int i = 0; i < M; i++) {
-        v16 x = *(const v16 *)(a + (long)i * lda + t);
+        vec x = *(const vec *)(a + (long)i * lda + t);
         acc0[i] += x * w0;
         acc1[i] += x * w1;
       }
     }
     for (int i = 0; i < M; i++) {
       const float *x = a + (long)i * lda;
-      float s0 = sum16(acc0[i]), s1 = sum16(acc1[i]);
+      float s0 = lanes_sum(acc0[i]), s1 = lanes_sum(acc1[i]);
       for (int u = t; u < k; u++) {
         s0 += x[u] * b0[u];
         s1 += x[u] * b1[u];
@@ -112,6 +130,57 @@ static void dot_rows(int m, int n0, int n1, int k, float alpha, const float *a, 
   }
 }
 
+/* M rows of A against a weight stored [k, n] (x @ W, B not transposed), columns [n0, n1):
+   C's block stays in the cache while four weight rows at a time stream through it, each
+   read once for all M rows (a panel of columns down all k rows instead strode through
+   576 pages and was slower than OpenBLAS). */
+static inline __attribute__((always_inline)) void panel_block(
+    const int M, int n0, int n1, int k, float alpha, const float *a, int lda,
+    const float *b, int ldb, float beta, float *c, int ldc) {
+  for (int i = 0; i < M; i++) {
+    float *y = c + (long)i * ldc;
+    for (int n = n0; n < n1; n++) y[n] = beta != 0 ? beta * y[n] : 0;
+  }
+  for (int t = 0; t < k; t += 4) {
+    int rows = k - t < 4 ? k - t : 4;
+    float x[M][4];
+    const float *w[4];
+    for (int j = 0; j < 4; j++) {
+      w[j] = b + (long)(j < rows ? t + j : t) * ldb;
+      for (int i = 0; i < M; i++) x[i][j] = j < rows ? alpha * a[(long)i * lda + t + j] : 0;
+    }
+    int n = n0;
+    for (; n + LANES <= n1; n += LANES) {
+      vec v0 = *(const vec *)(w[0] + n), v1 = *(const vec *)(w[1] + n);
+      vec v2 = *(const vec *)(w[2] + n), v3 = *(const vec *)(w[3] + n);
+      for (int i = 0; i < M; i++) {
+        vec *y = (vec *)(c + (long)i * ldc + n);
+        *y += (x[i][0] * v0 + x[i][1] * v1) + (x[i][2] * v2 + x[i][3] * v3);
+      }
+    }
+    for (; n < n1; n++)
+      for (int i = 0; i < M; i++)
+        c[(long)i * ldc + n] +=
+            (x[i][0] * w[0][n] + x[i][1] * w[1][n]) + (x[i][2] * w[2][n] + x[i][3] * w[3][n]);
+  }
+}
+
+static void panel_rows(int m, int n0, int n1, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc) {
+  for (; m > 0; m -= BLOCK, a += (long)BLOCK * lda, c += (long)BLOCK * ldc) {
+    switch (m < BLOCK ? m : BLOCK) {
+#define ROWS_CASE(R) \
+  case R: panel_block(R, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+      ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+      ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+#undef ROWS_CASE
+    }
+  }
+}
+
+typedef void (*rows_kernel)(int, int, int, int, float, const float *, int, const float *, int,
+                            float, float *, int);
+
 /* ---- the helpers: one product at a time, its columns in chunks ----------------------
 
 The caller and the helpers claim chunks of columns until none is left; the caller then
@@ -132,6 +201,7 @@ spinning through a step kept api.py off the second core, and a client's tokens c
 enum { CHUNKS_PER_THREAD = 4, MIN_CHUNK = 32 };
 
 static struct {
+  rows_kernel kernel;
   int m, n, k, lda, ldb, ldc, per_chunk;
   float alpha, beta;
   const float *a, *b;
@@ -152,7 +222,7 @@ static void run_chunks(unsigned product) {
     if (!atomic_compare_exchange_weak(&claim, &now, now + 1)) continue;
     /* claimed: the job stays this product's until its chunks are all done */
     int n0 = (int)chunk * job.per_chunk, n1 = n0 + job.per_chunk;
-    dot_rows(job.m, n0, n1 < job.n ? n1 : job.n, job.k, job.alpha, job.a, job.lda, job.b,
+    job.kernel(job.m, n0, n1 < job.n ? n1 : job.n, job.k, job.alpha, job.a, job.lda, job.b,
              job.ldb, job.beta, job.c, job.ldc);
     atomic_fetch_add(&done_chunks, 1);
   }
@@ -202,17 +272,18 @@ static void start_helpers(void) {
   }
 }
 
-static void rows_product(int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
+static void rows_product(rows_kernel kernel, int m, int n, int k, float alpha, const float *a,
+                         int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   /* one product at a time uses the helpers; a second caller thread computes alone */
   if (threads < 2 || n < 2 * MIN_CHUNK || atomic_flag_test_and_set(&busy)) {
-    dot_rows(m, 0, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    kernel(m, 0, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   start_helpers();
-  int per_chunk = (n / (threads * CHUNKS_PER_THREAD) + 1) & ~1;
+  /* whole panels of two vectors (panel_rows), so only the last chunk has a scalar tail */
+  int per_chunk = (n / (threads * CHUNKS_PER_THREAD) + 2 * LANES) & ~(2 * LANES - 1);
   per_chunk = per_chunk < MIN_CHUNK ? MIN_CHUNK : per_chunk;
-  job.m = m, job.n = n, job.k = k, job.alpha = alpha, job.beta = beta;
+  job.kernel = kernel, job.m = m, job.n = n, job.k = k, job.alpha = alpha, job.beta = beta;
   job.a = a, job.lda = lda, job.b = b, job.ldb = ldb, job.c = c, job.ldc = ldc;
   job.per_chunk = per_chunk;
   unsigned chunks = (unsigned)((n + per_chunk - 1) / per_chunk);
@@ -280,7 +351,9 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
     return;
   }
   if (a_plain && trans_b != NO_TRANS) {
-    rows_product(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    rows_product(dot_rows, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else if (a_plain && m > 1) { /* B is [k, n] */
+    rows_product(panel_rows, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else if (m <= SGEMV_ROWS && next_sgemv != 0) { /* a row of op(A): contiguous when plain */
     for (int i = 0; i < m; i++) {
       const float *x = a_plain ? a + (long)i * lda : a + i;

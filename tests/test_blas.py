@@ -120,6 +120,10 @@ def products(seed):
         sgemm(101, 111, 112, 3, int(n), 40, F(1.0), P(a.ctypes.data), 40,
               P(b.ctypes.data), 40, F(0.0), P(c.ctypes.data), int(n))
         worst_here = max(worst_here, float(np.abs(c - a @ b.T).max()))
+        bt = np.ascontiguousarray(b.T)  # the weight stored [in, out]: the other kernel
+        sgemm(101, 111, 111, 3, int(n), 40, F(1.0), P(a.ctypes.data), 40,
+              P(bt.ctypes.data), int(n), F(0.0), P(c.ctypes.data), int(n))
+        worst_here = max(worst_here, float(np.abs(c - a @ bt).max()))
     return worst_here
 with ThreadPoolExecutor(2) as pool:
     worst = max(worst, *pool.map(products, (1, 2)))
@@ -131,7 +135,7 @@ def test_few_row_products_equal_openblas_and_mlx_uses_them():
     """Every order, transposition, padded leading dimension, alpha and beta through the
     preloaded library against numpy (131 columns: split among its threads); and MLX's
     matmuls of 1 and 8 rows go through it, also after its helper threads went to sleep;
-    and 600 products of changing widths from two threads at once."""
+    and 1200 products of changing widths and both weight layouts from two threads at once."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "LD_PRELOAD")}
     args = [sys.executable, "-m", "launcher.command", "exec", "-c", ROWS_PROBE]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)

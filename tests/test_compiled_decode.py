@@ -1,7 +1,8 @@
 """Compiled decode against the eager step, in one process: the same logits (within 1e-4,
 float32) and greedy tokens step by step, while sequences join, leave (which trims the
-buffers' left padding) and grow past 256 positions; and where it cannot apply, the eager
-step runs."""
+buffers' left padding) and grow past 256 positions; the same for speculative steps (rows
+of several positions, rejected ones rolled back unevenly); and where it cannot apply, the
+eager step runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import STEP, CompiledDecode
+from engine.last_logits import head_on_last_position
 from engine.step_plan import Insert, StepPlan
 from tests.support.tiny_models import write_tiny_model
 
@@ -72,9 +74,61 @@ def test_compiled_steps_give_the_eager_logits_and_tokens(model):
     compiled_steps = run(model, compiled)
     assert compiled.enabled
     # every batch size the schedule makes, and buffers past 256 positions
-    assert {batch for batch, _ in compiled._shapes} == {1, 2, 3}
-    assert max(size for _, size in compiled._shapes) > 256
-    assert all(size % STEP == 0 for _, size in compiled._shapes)
+    assert {batch for batch, _, _ in compiled._shapes} == {1, 2, 3}
+    assert max(size for _, _, size in compiled._shapes) > 256
+    assert all(size % STEP == 0 for _, _, size in compiled._shapes)
+    for (ids, eager), (same_ids, logits) in zip(eager_steps, compiled_steps, strict=True):
+        assert ids == same_ids
+        np.testing.assert_allclose(logits, eager, atol=1e-4)
+        assert (logits.argmax(axis=1) == eager.argmax(axis=1)).all()
+
+
+def speculate(model, compiled: CompiledDecode | None) -> list[tuple[list[int], np.ndarray]]:
+    """Three rows of different prompt lengths proposing 0-3 tokens a step (the greedy
+    token repeated: some accepted, some not), each keeping its longest greedy-equal run;
+    a row leaves at step 12. Every step's (seq ids, logits)."""
+    engine = BatchEngine(model, 256, compiled=compiled)
+    prompts = [list(range(40, 90)), list(range(7, 20)), list(range(100, 131))]
+    plan = StepPlan(
+        0, engine.fingerprint(), inserts=[Insert(i + 1, p) for i, p in enumerate(prompts)]
+    )
+    steps = []
+    for step in range(30):
+        engine.apply(plan)
+        result = engine.run()
+        logits = np.array(result.logits.astype(mx.float32))
+        steps.append((result.seq_ids, logits))
+        chosen = logits.argmax(axis=1)
+        tokens, rollbacks, at = {}, [], 0
+        drafts = dict(zip(engine.decode_ids, engine._drafts or [[]] * 3, strict=False))
+        for seq, width in zip(result.seq_ids, result.widths, strict=True):
+            draft = drafts.get(seq, [])
+            kept = 0
+            while kept < len(draft) and draft[kept] == chosen[at + kept]:
+                kept += 1
+            tokens[seq] = int(chosen[at + kept])
+            rollbacks.append(width - 1 - kept)
+            at += width
+        removes = [2] if step == 12 else []
+        keep = [s for s in engine.decode_ids if s not in removes]
+        plan = StepPlan(
+            engine.step_index,
+            engine.fingerprint(),
+            rollbacks=rollbacks if any(rollbacks) else [],
+            removes=removes,
+            tokens=[tokens[s] for s in keep],
+            drafts=[[tokens[s]] * ((step + s) % 4) for s in keep],
+        )
+    return steps
+
+
+def test_compiled_speculative_steps_give_the_eager_logits(model):
+    head_on_last_position(model)
+    compiled = CompiledDecode(model)
+    eager_steps = speculate(model, None)
+    compiled_steps = speculate(model, compiled)
+    assert compiled.enabled
+    assert max(width for _, width, _ in compiled._shapes) == 4
     for (ids, eager), (same_ids, logits) in zip(eager_steps, compiled_steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
