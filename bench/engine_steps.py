@@ -49,7 +49,9 @@ def main() -> None:
     cpu_attention.install()
     transpose_linears(model, args.layout)
     head_on_last_position(model)
-    engine = BatchEngine(model, max(256, args.prompt), compiled=None if args.eager else CompiledDecode(model))
+    engine = BatchEngine(
+        model, max(256, args.prompt), compiled=None if args.eager else CompiledDecode(model)
+    )
     vocab = model.args.vocab_size
     prompts = [
         [(7 * row + i) % (vocab - 100) + 100 for i in range(args.prompt)]

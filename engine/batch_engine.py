@@ -327,6 +327,7 @@ class BatchEngine:
             for token, draft in zip(self._next_tokens, self._drafts, strict=True)
         ]
         tokens = mx.array(inputs, dtype=mx.uint32)
+        assert self._decode_cache is not None  # only a decode batch verifies
         compiled = self.compiled.step(tokens, self._decode_cache) if self.compiled else None
         if compiled is not None:
             return compiled

@@ -71,9 +71,7 @@ class _Slot:
             raise ValueError("a compiled decode step takes no sliding window")
         positions = mx.arange(self.keys.shape[2])
         queries = self.position + mx.arange(n)  # each query sees itself and what precedes it
-        visible = (positions <= queries[:, None]) & (
-            self.left_padding[:, None, None] <= positions
-        )
+        visible = (positions <= queries[:, None]) & (self.left_padding[:, None, None] <= positions)
         return visible[:, None, :, :]
 
 
@@ -106,7 +104,7 @@ class CompiledDecode:
     def __init__(self, model: Callable[..., mx.array]) -> None:
         self.model = model
         self.enabled = True
-        self._shapes: set[tuple[int, int]] = set()
+        self._shapes: set[tuple[int, int, int]] = set()  # (rows, positions, buffer)
         self._compiled = mx.compile(self._forward)
 
     def _forward(
