@@ -307,8 +307,14 @@ def main(settings: Settings) -> int:
         "prefix cache: %s",
         f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
     )
+    speculator = _speculator(settings, model, info, tokenizer)
+    draft = speculator.draft
     context = choose_context(
-        settings.max_sequence_length, info.config, ranks, settings.max_batch_size
+        settings.max_sequence_length,
+        info.config,
+        ranks,
+        settings.max_batch_size,
+        (draft.weight_bytes, draft.kv_bytes_per_token) if draft else (0, 0),
     )
     log.info("context: %s", context.why)
     defaults = SamplingDefaults.load(info.path, settings)
@@ -324,7 +330,7 @@ def main(settings: Settings) -> int:
         ),
         defaults=defaults,
         vocab_size=vocab_size,
-        speculator=_speculator(settings, model, info, tokenizer),
+        speculator=speculator,
         prefill_budget=PrefillBudget(settings.prefill_chunk_size, settings.prefill_slowdown)
         if settings.prefill_slowdown
         else None,

@@ -38,6 +38,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 
 from acquisition.source import ModelSourceError, resolve_model
 from config.settings import Settings
+from distributed.memory import draft_bytes
 from engine.last_logits import head_on_last_position
 
 log = logging.getLogger("ring.speculation")
@@ -101,6 +102,7 @@ class DraftModel:
     chunk: int = CHUNK
     token_ms: float = 0.0  # one proposal's forward, a running average (the per-step rule's)
     weight_bytes: int = 0
+    kv_bytes_per_token: int = 0  # a row's cache grows by this (the plan's figure)
     rows: dict[int, _Row] = field(default_factory=dict)
 
     def propose(self, seq_id: int, history: list[int], count: int) -> list[int]:
@@ -182,7 +184,14 @@ def load_draft(
         )
     head_on_last_position(model)  # a catch-up forward needs its last position's logits only
     arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    draft = DraftModel(model, name, vocab, chunk, weight_bytes=sum(a.nbytes for _, a in arrays))
+    draft = DraftModel(
+        model,
+        name,
+        vocab,
+        chunk,
+        weight_bytes=sum(a.nbytes for _, a in arrays),
+        kv_bytes_per_token=draft_bytes(path)[1],
+    )
     draft.propose(-1, [0] * 8, 1 + TIMED_TOKENS)  # warm up and time it
     draft.forget(())
     return draft

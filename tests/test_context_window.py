@@ -55,3 +55,17 @@ def test_choice_takes_the_setting_else_the_model_else_memory():
     assert tight.tokens == GIB // 4 // (8 * 1024) == 32768
     assert "lowered from the model's 65536" in tight.why and "rank 0 on a" in tight.why
     assert choose_context(None, {}, roomy, 8).tokens == 4096
+
+
+def test_a_draft_model_counts_on_rank_0():
+    """Rank 0 holds the draft's weights and its rows' KV beside its own share."""
+    ranks = [rank(0, host="a"), rank(1, host="b")]  # a host each: 13 GiB free a rank
+    without = memory_context(ranks, sequences=8)
+    assert without is not None and without[0] == 13 * GIB // (8 * 1024)
+    # 1 GiB of draft weights and 1024 bytes a token more: rank 0 bounds at 12 / 2048
+    bound = memory_context(ranks, sequences=8, draft=(GIB, 1024))
+    assert bound is not None and bound[0] == 12 * GIB // (8 * 2048) and bound[1].rank == 0
+    config = {"max_position_embeddings": 1_000_000}
+    chosen = choose_context(None, config, ranks, 8, draft=(GIB, 1024))
+    assert chosen.tokens == bound[0] and "and the draft model's" in chosen.why
+    assert "draft" not in choose_context(None, config, ranks, 8).why

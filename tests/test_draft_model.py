@@ -68,6 +68,10 @@ def test_the_draft_proposes_its_greedy_continuation(served):
     reference = load_model(served)[0]
     prompt = list(b"def main():\n    return")
     assert draft.propose(1, prompt, 5) == greedy(reference, prompt, 5)
+    # a row's cache grows by the plan's bytes a token (the context choice counts them)
+    cache = draft.rows[1].cache
+    held = sum(array.nbytes for layer in cache for array in layer.state[:2])
+    assert draft.kv_bytes_per_token == held / cache[0].state[0].shape[2] > 0  # its buffer
     assert draft.token_ms > 0  # timed: the per-step rule's cost of a proposal
     assert draft.propose(2, prompt, 0) == [] and 2 not in draft.rows
 
