@@ -83,11 +83,13 @@ def fit_problem(
 ) -> str | None:
     """None when the model fits ranks on `hosts` (name, free bytes, cores; rank 0 first) by
     the planner's own memory check (`./launch.sh plan`: weights plus the KV cache of
-    MAX_BATCH_SIZE full sequences); else why not. Unknown memory is assumed to fit."""
+    MAX_BATCH_SIZE full sequences, and a draft model's on rank 0); else why not. Unknown
+    memory is assumed to fit."""
     from distributed.hosts import RankHost
     from distributed.memory import check_fit  # imports mlx: when asked
     from distributed.model_shape import PlanError
     from distributed.plan import resolve_weights
+    from launcher.plan_check import draft_dir
 
     rank_hosts = [
         RankHost(host=name, cores=cores or 1, memory_bytes=free or 2**62)
@@ -103,6 +105,7 @@ def fit_problem(
             settings.max_sequence_length,
             settings.prefix_cache_bytes,
             settings.kv_bits,
+            draft_dir(settings),
         )
     except OSError as exc:
         return f"cannot read the model ({exc})"

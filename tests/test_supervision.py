@@ -199,6 +199,12 @@ def test_fit_check_of_a_smaller_cluster(monkeypatch: pytest.MonkeyPatch, tiny_ll
     size = sum(p.stat().st_size for p in tiny_llama.glob("*.safetensors"))
     problem = fit_problem(tiny_llama, [("rank 0", plenty, 2), ("mac2", size // 4, 2)], settings)
     assert problem and "rank 1 on mac2 needs" in problem and "short by" in problem, problem
+    # a draft model counts on rank 0: room for the model's KV alone is too little beside it
+    small = [("rank 0", 4 * size, 2), ("mac2", plenty, 2)]
+    assert fit_problem(tiny_llama, small, settings) is None
+    with_draft = Settings(_env_file=None, draft_model=str(tiny_llama))
+    short = fit_problem(tiny_llama, small, with_draft)
+    assert short and "tokens for each of MAX_BATCH_SIZE=8 sequences, under 256" in short, short
     monkeypatch.setenv("PARALLELISM", "pipeline")
     three = [("rank 0", plenty, 2), ("mac2", plenty, 2), ("mac3", plenty, 2)]
     refused = fit_problem(tiny_llama, three, Settings(_env_file=None))  # 2 layers, 3 ranks
