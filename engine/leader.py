@@ -277,7 +277,7 @@ class Leader:
         accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
         width = step_width(plan.drafts)
         if plan.tokens and not result.prefill_tokens:  # a decode step: the rule's costs
-            eager = width > 1 or engine.compiled is None or not engine.compiled.enabled
+            eager = engine.compiled is None or not engine.compiled.enabled
             ms = (launched - streamed_first + computed - streamed) * 1000
             scheduler.speculator.costs.observe(len(plan.tokens) * width, eager, ms)
         scheduler.prefix.bytes = engine.prefix.nbytes

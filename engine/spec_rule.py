@@ -2,8 +2,9 @@
 per millisecond rise.
 
 A speculative step of B decoding rows, W positions each, sends B x W rows through every
-weight product and the head, so it costs what a step of B x W rows costs (eagerly: the
-compiled decode step takes one position). Its gain is the proposals accepted: a row whose
+weight product and the head, so it costs what a step of B x W rows costs (compiled or
+eager as the engine's plain steps are: engine/compiled_decode.py takes several positions).
+Its gain is the proposals accepted: a row whose
 proposals are each accepted with probability a (given the ones before were) and that
 proposes d of them gains a + a^2 + ... + a^d tokens on average. Each step rank 0 picks the
 width W (1: no speculation) that maximises (B + gains) / cost(B x W); rows propose at most
@@ -14,8 +15,9 @@ row the draft proposes d tokens for adds d of those to the step's cost.
 
 Costs: rank 0 measures its own decode steps (those without prefill), by rows and by
 eager or compiled, as a running average. Until a row count is measured, the prior is this
-project's measurement on its CPU host (one rank, 2 threads, the default model, plain
-layout: batch 1/2/4/8 steps of 32/41/57/74 ms, docs/ARCHITECTURE.md "Weight layout"),
+project's measurement on its CPU host (one rank, 2 threads, the default model, 64-token
+prompts, native/sgemm_rows.c at the machine's vector width: batch 1/2/4/8/16 steps of
+72/75/87/138/217 ms, 2026-11-26, `bench.engine_steps --batch B --prompt 64`),
 interpolated, scaled by the nearest measured count, and 7% more when eager (compiled
 decode is 5-10% faster). Steps of more than MAX_ROWS rows are never chosen: the CPU
 host's few-row kernel takes up to 16 rows, and nothing beyond was measured.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-PRIOR_MS = {1: 32.0, 2: 41.0, 4: 57.0, 8: 74.0, 16: 108.0}  # 16: the 4-8 slope carried on
+PRIOR_MS = {1: 72.0, 2: 75.0, 4: 87.0, 8: 138.0, 16: 217.0}
 EAGER = 1.07
 MAX_ROWS = 16
 AVERAGE = 0.2  # weight of a new measurement in the running average
@@ -94,7 +96,7 @@ def choose_width(
             for count, rate in zip(proposed, rates, strict=True)
         )
         made = sum(min(count, width - 1) * ms for count, ms in zip(proposed, making, strict=True))
-        value = (rows + gain) / (costs.predict(rows * width, eager=True) + made)
+        value = (rows + gain) / (costs.predict(rows * width, eager=False) + made)
         if value > best:
             best_width, best = width, value
     return best_width
