@@ -11,7 +11,8 @@ peer cannot split the default model's heads. Workloads, greedy:
 - edit: the model is asked to return a 300-400-token source file (EDIT_SOURCE) with one
   small change, one request at a time; decode tokens/s per request;
 - free text: an essay, one request at a time;
-- aggregate: 8 clients at once, completion tokens per second of wall time.
+- aggregate: 8 clients at once, completion tokens per second of wall time; the median of
+  --aggregate-trials runs (3), each run's figure kept in the JSON.
 Ours' proposed and accepted tokens come from /metrics (speculation_*), read around each
 workload.
 """
@@ -136,12 +137,23 @@ def run_workloads(endpoint: Endpoint, args: argparse.Namespace, tag: str) -> dic
     load("warm-up", [essay_prompt(0, f"{tag}-warm")], 1, 16)
     edits = [f"[{tag}-e{i}] " + edit_prompt(i) for i in range(args.edit_requests)]
     essays = [essay_prompt(i, f"{tag}-f{i}") for i in range(args.free_requests)]
-    batch = [essay_prompt(i, f"{tag}-c{i}") for i in range(args.concurrency)]
-    return {
+    results = {
         "edit": load("edit", edits, 1, args.edit_max_tokens),
         "free": load("free text", essays, 1, args.max_tokens),
-        "aggregate": load(f"{args.concurrency} clients", batch, args.concurrency, args.max_tokens),
     }
+    # The aggregate's spread between runs (this 2-core VM) is as large as what is compared:
+    # the trial of median throughput stands for the server, and all are kept.
+    trials = []
+    for trial in range(args.aggregate_trials):
+        batch = [essay_prompt(i, f"{tag}-c{trial}-{i}") for i in range(args.concurrency)]
+        trials.append(load(f"{args.concurrency} clients", batch, args.concurrency, args.max_tokens))
+    trials.sort(key=lambda t: t["summary"]["throughput_tok_s"])
+    results["aggregate"] = trials[len(trials) // 2] | {
+        "trials": [t["summary"]["throughput_tok_s"] for t in trials],
+        "proposed": sum(t["proposed"] for t in trials),
+        "accepted": sum(t["accepted"] for t in trials),
+    }
+    return results
 
 
 def _fig(entry: dict | str, workload: str, name: str) -> float | None:
@@ -175,7 +187,11 @@ def markdown(results: dict, args: argparse.Namespace, started: str) -> str:
     rows = [
         ("edit: decode tok/s per request (median)", "edit", "decode"),
         ("free text: decode tok/s per request (median)", "free", "decode"),
-        (f"{args.concurrency} clients: aggregate tok/s", "aggregate", "throughput"),
+        (
+            f"{args.concurrency} clients: aggregate tok/s (median of {args.aggregate_trials})",
+            "aggregate",
+            "throughput",
+        ),
     ]
     for key, by in results.items():
         on, off, peer = by.get("spec on"), by.get("spec off"), by.get("peer-rows")
@@ -214,6 +230,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--free-requests", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--aggregate-trials", type=int, default=3, help="median of these")
     parser.add_argument(
         "--spec-tokens", type=int, nargs="+", default=[4], help="SPEC_TOKENS of each 'spec on'"
     )
