@@ -22,8 +22,9 @@ forward evaluates (pipeline stages and expert routing do): elsewhere, and when a
 fails, the step runs eagerly. Measured with bench/compiled_decode.py and bench/step_time.py
 (docs/BENCHMARKS.md): compiling fuses each layer's elementwise work (norms, RoPE, the
 activation, the softmax), which on MLX's CPU backend is a kernel launch per operation.
-A speculative step of 5 positions took 118-131 ms eagerly and 72-74 a plain step compiled
-(2026-11-26, one rank, 600-token context, bench.engine_steps --draft 4 --eager).
+A speculative step of 5 positions: 106-114 ms compiled, 116-125 eagerly, against 69-81 ms
+for a plain step compiled (2026-11-26, one rank, a 600-token context, `bench.engine_steps
+--batch 1 --prompt 600 --draft 4 [--eager]`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ from distributed.head_positions import computing
 log = logging.getLogger(__name__)
 
 STEP = 64  # positions a buffer grows by
+# MLX keeps every trace of a compiled function until the function goes, about 3.5 MB of
+# this process's memory each on the CPU (the default model: 92 traces of widths 1-5 over
+# 1,200 steps grew it by 318 MB, or 143 MB when traced anew every 20). Shapes are (rows,
+# positions, buffer), so a long context and speculation's widths would grow it without
+# bound: past MAX_TRACES the function is compiled anew, and the shapes in use trace again
+# (80-150 ms each).
+MAX_TRACES = 128
 
 
 class _Slot:
@@ -101,8 +109,10 @@ def _reserve(cache: BatchKVCache, positions: int) -> None:
 class CompiledDecode:
     """The decode step of `model`, compiled; `step` returns None where it does not apply."""
 
-    def __init__(self, model: Callable[..., mx.array]) -> None:
+    def __init__(self, model: Callable[..., mx.array], max_traces: int = MAX_TRACES) -> None:
         self.model = model
+        self.max_traces = max_traces
+        self.recompiled = 0  # times compiled anew past max_traces
         self.enabled = True
         self._shapes: set[tuple[int, int, int]] = set()  # (rows, positions, buffer)
         self._compiled = mx.compile(self._forward)
@@ -134,6 +144,11 @@ class CompiledDecode:
         for cache in caches:
             _reserve(cache, first._idx + width)
         shape = (tokens.shape[0], width, first.keys.shape[2])
+        if shape not in self._shapes and len(self._shapes) >= self.max_traces:
+            log.debug("compiled decode: %d traces, compiling anew", len(self._shapes))
+            self._shapes.clear()
+            self._compiled = mx.compile(self._forward)
+            self.recompiled += 1
         buffers = [array for cache in caches for array in (cache.keys, cache.values)]
         position = mx.array([first._idx])
         try:

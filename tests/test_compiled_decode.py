@@ -123,12 +123,13 @@ def speculate(model, compiled: CompiledDecode | None) -> list[tuple[list[int], n
 
 
 def test_compiled_speculative_steps_give_the_eager_logits(model):
+    """Also across compiling anew: at most 2 traces are kept here."""
     head_on_last_position(model)
-    compiled = CompiledDecode(model)
+    compiled = CompiledDecode(model, max_traces=2)
     eager_steps = speculate(model, None)
     compiled_steps = speculate(model, compiled)
     assert compiled.enabled
-    assert max(width for _, width, _ in compiled._shapes) == 4
+    assert 0 < len(compiled._shapes) <= 2 and compiled.recompiled > 0
     for (ids, eager), (same_ids, logits) in zip(eager_steps, compiled_steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
