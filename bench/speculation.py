@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.speculation [--ranks 1 2] [--markdown run/bench/speculation.md]
     .venv/bin/python -m bench.speculation --ranks 1 --spec-tokens 4 8 --servers   # SPEC_TOKENS
+    .venv/bin/python -m bench.speculation --alternate 3 --aggregate-trials 2  # on/off, 8 clients
 
 For each rank count, three servers on the same model directory, one after another: ours
 with SPECULATIVE=off, ours with SPECULATIVE=auto (prompt lookup, engine/speculation.py) and
@@ -232,6 +233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--aggregate-trials", type=int, default=3, help="median of these")
     parser.add_argument(
+        "--alternate", type=int, default=0, help="rounds of the aggregate alone, on then off"
+    )
+    parser.add_argument(
         "--spec-tokens", type=int, nargs="+", default=[4], help="SPEC_TOKENS of each 'spec on'"
     )
     parser.add_argument(
@@ -249,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     env |= preload(env, few_rows=False)
     model_dir = resolve_model_dir(env)
     token_counter(model_dir)  # the tokenizer loads: the model directory is whole
+    if args.alternate:
+        return alternate(args, env, model_dir)
     workdir = Path(tempfile.mkdtemp(prefix="bench-speculation-"))
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     stamp = f"{time.time_ns():x}"
@@ -287,6 +293,29 @@ def main(argv: list[str] | None = None) -> int:
     args.markdown.write_text(text)
     args.markdown.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     log(f"wrote {args.markdown}")
+    return 0
+
+
+def alternate(args: argparse.Namespace, env: dict[str, str], model_dir: Path) -> int:
+    """--alternate N: the 8-client aggregate alone at one rank, ours with speculation on
+    then off, N times over, `--aggregate-trials` runs each: servers minutes apart drift."""
+    workdir = Path(tempfile.mkdtemp(prefix="bench-speculation-"))
+    figures: dict[str, list[float]] = {"auto": [], "off": []}
+    for round_ in range(args.alternate):
+        for mode in figures:
+            wait_quiet(args.max_load, args.load_patience)
+            server = Ours(1, env | {"SPECULATIVE": mode}, model_dir, workdir)
+            try:
+                server.start()
+                for trial in range(args.aggregate_trials):
+                    batch = [essay_prompt(i, f"a{round_}-{trial}-{i}") for i in range(8)]
+                    results = asyncio.run(run_load(server.endpoint, batch, 8, args.max_tokens))
+                    figures[mode].append(summarize("8", 8, results).throughput_tok_s)
+                    log(f"SPECULATIVE={mode}: {figures[mode][-1]:.1f} tok/s")
+            finally:
+                server.stop()
+    on, off = (sum(v) / len(v) for v in figures.values())
+    log(f"mean on {on:.1f}, off {off:.1f} tok/s: {on / off:.2f}x")
     return 0
 
 
