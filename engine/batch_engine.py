@@ -22,6 +22,7 @@ from distributed.watchdog import EvalGuard
 from engine.batch_caches import left_pad, merged, roll_back
 from engine.batch_sampler import RowSampling, Sampled, sample
 from engine.compiled_decode import CompiledDecode
+from engine.prefill_group import Prefill, fresh_group
 from engine.prefix_store import PrefixStore
 from engine.quantized_kv import make_caches
 from engine.step_plan import Insert, StepPlan, batch_fingerprint, step_width
@@ -44,24 +45,6 @@ def _cache_arrays(cache: list) -> list[mx.array]:
 
 class PlanMismatchError(Exception):
     """This rank's batch differs from rank 0's; the job must stop."""
-
-
-@dataclass(eq=False)
-class _Prefill:
-    """A sequence still prefilling: `tokens` after its cached prefix, `position` of them
-    done; `store_as` a prefix entry to keep its prompt's KV in once prefilled (0: none)."""
-
-    seq_id: int
-    tokens: list[int]
-    prefix_len: int = 0
-    store_as: int = 0
-    position: int = 0
-    cache: list = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        """Positions in its cache."""
-        return self.prefix_len + self.position
 
 
 # Rank 0's sampling of a step: how to sample each row, given the sequence ids and how many
@@ -93,7 +76,7 @@ class PendingStep:
     logits: mx.array | None
     sampled: Sampled | None
     prefill_tokens: int
-    finished: list[tuple[list[_Prefill], mx.array, list | None]]
+    finished: list[tuple[list[Prefill], mx.array, list | None]]
     arrays: list[mx.array]
     widths: list[int]
 
@@ -130,7 +113,7 @@ class BatchEngine:
         self._decode_cache: list | None = None
         self._next_tokens: list[int] = []
         self._drafts: list[list[int]] = []
-        self.prefilling: list[_Prefill] = []
+        self.prefilling: list[Prefill] = []
         self.prefix = prefix or PrefixStore()
 
     # ---- bookkeeping -------------------------------------------------------------
@@ -209,8 +192,8 @@ class BatchEngine:
             raise PlanMismatchError(f"cannot roll back a speculative step: {exc}") from None
         self.decode_lengths = [n - d for n, d in zip(self.decode_lengths, drops, strict=True)]
 
-    def _start(self, insert: Insert) -> _Prefill:
-        entry = _Prefill(insert.seq_id, insert.tokens, insert.prefix_len, insert.store_as)
+    def _start(self, insert: Insert) -> Prefill:
+        entry = Prefill(insert.seq_id, insert.tokens, insert.prefix_len, insert.store_as)
         if insert.prefix_entry:
             if insert.prefix_entry not in self.prefix.entries:
                 raise PlanMismatchError(
@@ -260,12 +243,16 @@ class BatchEngine:
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
         budget, prefill_tokens, self.last_prefill = self.prefill_budget, 0, []
         # (entries, logits of their last positions, their batch cache or None)
-        finished: list[tuple[list[_Prefill], mx.array, list | None]] = []
+        finished: list[tuple[list[Prefill], mx.array, list | None]] = []
         stored: list[mx.array] = []  # prompts kept as prefix entries this step
         # A burst of short prompts arriving while no answer runs prefills in one batched
         # forward, whatever its total (8 clients at once each waited for its share of three
         # steps before); beside answers, the budget keeps their next tokens from waiting.
-        group = self._fresh_group(budget if self._decode_cache is not None else None)
+        group = fresh_group(
+            self.prefilling,
+            self.prefill_chunk_size,
+            budget if self._decode_cache is not None else None,
+        )
         if len(group) > 1:
             logits, cache = self._prefill_together(group)
             finished.append((group, logits, cache))
@@ -345,26 +332,7 @@ class BatchEngine:
         logits = logits[:, -width:, :]
         return logits.reshape(-1, logits.shape[-1])
 
-    def _fresh_group(self, budget: int | None) -> list[_Prefill]:
-        """Leading unstarted short prompts (at most one chunk each) that fit `budget`
-        together (None: no limit on their total). Whole prompts are left-padded to the
-        group's width; one that starts from a cached prefix is not padded, so it joins
-        only at the group's width (rank 0 aligns bursts so: engine/prefix_cache.py)."""
-        group: list[_Prefill] = []
-        width = 0
-        for entry in self.prefilling:
-            if entry.position or len(entry.tokens) > self.prefill_chunk_size:
-                break
-            wider = max(width, len(entry.tokens))
-            if budget is not None and (len(group) + 1) * wider > budget:
-                break
-            if any(e.prefix_len and len(e.tokens) != wider for e in [*group, entry]):
-                break
-            group.append(entry)
-            width = wider
-        return group
-
-    def _prefill_together(self, group: list[_Prefill]) -> tuple[mx.array, list]:
+    def _prefill_together(self, group: list[Prefill]) -> tuple[mx.array, list]:
         """One forward for several prompts' rests, left-padded into one batch cache after
         their cached prefixes (rows of different prefix lengths are left-padded too)."""
         width = max(len(e.tokens) for e in group)
@@ -376,7 +344,7 @@ class BatchEngine:
             entry.position = len(entry.tokens)
         return self._forward(tokens.astype(mx.uint32), cache), cache
 
-    def _store_group(self, group: list[_Prefill], cache: list | None) -> list[mx.array]:
+    def _store_group(self, group: list[Prefill], cache: list | None) -> list[mx.array]:
         """Keep the prompts of a batched prefill that asked for it, row by row."""
         arrays: list[mx.array] = []
         for row, entry in enumerate(group):
@@ -395,7 +363,7 @@ class BatchEngine:
             return nullcontext()
         return self._guard("forward pass (all_sum inside sharded layers)")
 
-    def _join(self, entries: list[_Prefill], cache: list | None) -> None:
+    def _join(self, entries: list[Prefill], cache: list | None) -> None:
         """Move finished prompts into the decode batch (cache: their batch cache, if any)."""
         for entry in entries:
             self.prefilling.remove(entry)

@@ -1,0 +1,48 @@
+"""A prompt prefilling on every rank, and which waiting prompts share one batched forward.
+
+The batch engine (engine/batch_engine.py) keeps a Prefill per sequence until its prompt is
+in its KV cache; a burst of short prompts that arrive together prefills in one forward,
+left-padded into one batch cache (`fresh_group` picks them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Prefill:
+    """A sequence still prefilling: `tokens` after its cached prefix, `position` of them
+    done; `store_as` a prefix entry to keep its prompt's KV in once prefilled (0: none)."""
+
+    seq_id: int
+    tokens: list[int]
+    prefix_len: int = 0
+    store_as: int = 0
+    position: int = 0
+    cache: list = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        """Positions in its cache."""
+        return self.prefix_len + self.position
+
+
+def fresh_group(prefilling: list[Prefill], chunk_size: int, budget: int | None) -> list[Prefill]:
+    """Leading unstarted short prompts (at most one chunk each) that fit `budget`
+    together (None: no limit on their total). Whole prompts are left-padded to the
+    group's width; one that starts from a cached prefix is not padded, so it joins
+    only at the group's width (rank 0 aligns bursts so: engine/prefix_cache.py)."""
+    group: list[Prefill] = []
+    width = 0
+    for entry in prefilling:
+        if entry.position or len(entry.tokens) > chunk_size:
+            break
+        wider = max(width, len(entry.tokens))
+        if budget is not None and (len(group) + 1) * wider > budget:
+            break
+        if any(e.prefix_len and len(e.tokens) != wider for e in [*group, entry]):
+            break
+        group.append(entry)
+        width = wider
+    return group
