@@ -297,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def alternate(args: argparse.Namespace, env: dict[str, str], model_dir: Path) -> int:
-    """--alternate N: the 8-client aggregate alone at one rank, ours with speculation on
-    then off, N times over, `--aggregate-trials` runs each: servers minutes apart drift."""
+    """--alternate N: the aggregate (--concurrency clients) alone at one rank, ours with
+    speculation on then off, N times over, `--aggregate-trials` runs each: servers minutes
+    apart drift."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-speculation-"))
     figures: dict[str, list[float]] = {"auto": [], "off": []}
     for round_ in range(args.alternate):
@@ -308,9 +309,10 @@ def alternate(args: argparse.Namespace, env: dict[str, str], model_dir: Path) ->
             try:
                 server.start()
                 for trial in range(args.aggregate_trials):
-                    batch = [essay_prompt(i, f"a{round_}-{trial}-{i}") for i in range(8)]
-                    results = asyncio.run(run_load(server.endpoint, batch, 8, args.max_tokens))
-                    figures[mode].append(summarize("8", 8, results).throughput_tok_s)
+                    n = args.concurrency
+                    batch = [essay_prompt(i, f"a{round_}-{trial}-{i}") for i in range(n)]
+                    results = asyncio.run(run_load(server.endpoint, batch, n, args.max_tokens))
+                    figures[mode].append(summarize(str(n), n, results).throughput_tok_s)
                     log(f"SPECULATIVE={mode}: {figures[mode][-1]:.1f} tok/s")
             finally:
                 server.stop()

@@ -117,19 +117,6 @@ static inline __attribute__((always_inline)) void dot_block(
   }
 }
 
-static void dot_rows(int m, int n0, int n1, int k, float alpha, const float *a, int lda,
-                     const float *b, int ldb, float beta, float *c, int ldc) {
-  for (; m > 0; m -= BLOCK, a += (long)BLOCK * lda, c += (long)BLOCK * ldc) {
-    switch (m < BLOCK ? m : BLOCK) {
-#define ROWS_CASE(R) \
-  case R: dot_block(R, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-      ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
-      ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
-#undef ROWS_CASE
-    }
-  }
-}
-
 /* M rows of A against a weight stored [k, n] (x @ W, B not transposed), columns [n0, n1):
    C's block stays in the cache while four weight rows at a time stream through it, each
    read once for all M rows (a panel of columns down all k rows instead strode through
@@ -165,17 +152,32 @@ static inline __attribute__((always_inline)) void panel_block(
   }
 }
 
-static void panel_rows(int m, int n0, int n1, int k, float alpha, const float *a, int lda,
-                       const float *b, int ldb, float beta, float *c, int ldc) {
+/* m rows in blocks of BLOCK, each block's row count a constant to the kernel it runs */
+static inline __attribute__((always_inline)) void in_blocks(
+    int panel, int m, int n0, int n1, int k, float alpha, const float *a, int lda,
+    const float *b, int ldb, float beta, float *c, int ldc) {
   for (; m > 0; m -= BLOCK, a += (long)BLOCK * lda, c += (long)BLOCK * ldc) {
     switch (m < BLOCK ? m : BLOCK) {
-#define ROWS_CASE(R) \
-  case R: panel_block(R, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+#define ROWS_CASE(R)                                                      \
+  case R:                                                                 \
+    if (panel) panel_block(R, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc); \
+    else dot_block(R, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);    \
+    break;
       ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
       ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
 #undef ROWS_CASE
     }
   }
+}
+
+static void dot_rows(int m, int n0, int n1, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc) {
+  in_blocks(0, m, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static void panel_rows(int m, int n0, int n1, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc) {
+  in_blocks(1, m, n0, n1, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 typedef void (*rows_kernel)(int, int, int, int, float, const float *, int, const float *, int,
