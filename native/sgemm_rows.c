@@ -57,8 +57,9 @@ typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const fl
 static _Atomic(sgemm_fn) next_sgemm;
 static sgemv_fn next_sgemv;
 static int threads = 1;
-/* products this library computed itself: the tests read it to see it at work */
-unsigned long mlx_ring_sgemm_rows_calls;
+/* products this library computed itself, and chunks of them its helper threads computed:
+   the tests read them to see the library and its pool at work */
+unsigned long mlx_ring_sgemm_rows_calls, mlx_ring_sgemm_rows_helped;
 
 /* ---- the kernel: C[i, n] = alpha * A[i, :] . B[n, :] + beta * C[i, n] ---------------- */
 
@@ -216,17 +217,19 @@ static atomic_uint posted, done_chunks, sleepers;
 static atomic_flag busy = ATOMIC_FLAG_INIT;
 static int helpers_up;
 
-static void run_chunks(unsigned product) {
-  for (;;) {
+/* the chunks of `product` this thread computed */
+static unsigned run_chunks(unsigned product) {
+  for (unsigned mine = 0;;) {
     unsigned long long now = atomic_load(&claim);
     unsigned chunk = (unsigned)(now & 0xffff), chunks = (unsigned)(now >> 16) & 0xffff;
-    if ((unsigned)(now >> 32) != product || chunk >= chunks) return;
+    if ((unsigned)(now >> 32) != product || chunk >= chunks) return mine;
     if (!atomic_compare_exchange_weak(&claim, &now, now + 1)) continue;
     /* claimed: the job stays this product's until its chunks are all done */
     int n0 = (int)chunk * job.per_chunk, n1 = n0 + job.per_chunk;
     job.kernel(job.m, n0, n1 < job.n ? n1 : job.n, job.k, job.alpha, job.a, job.lda, job.b,
              job.ldb, job.beta, job.c, job.ldc);
     atomic_fetch_add(&done_chunks, 1);
+    mine++;
   }
 }
 
@@ -254,7 +257,8 @@ static void *helper(void *unused) {
       }
     }
     seen = atomic_load(&posted);
-    run_chunks((unsigned)(atomic_load(&claim) >> 32));
+    unsigned helped = run_chunks((unsigned)(atomic_load(&claim) >> 32));
+    if (helped) __atomic_fetch_add(&mlx_ring_sgemm_rows_helped, helped, __ATOMIC_RELAXED);
   }
   return 0;
 }

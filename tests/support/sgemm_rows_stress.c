@@ -2,16 +2,18 @@
    plain loop (tests/test_sgemm_rows_threads.py builds and runs it, also under
    ThreadSanitizer).
 
-   usage: sgemm_rows_stress CALLERS PRODUCTS
+   usage: sgemm_rows_stress CALLERS PRODUCTS [OPENBLAS_THREADS]
 
    CALLERS threads each compute PRODUCTS products of random shapes: mostly a few rows
    against a weight stored [out, in] (the library's own kernel, whose columns its helper
    threads share with one caller at a time while the other callers compute alone), some
    against [in, out] (one OpenBLAS sgemv a row) and some of too many rows (on to OpenBLAS's
    sgemm). Every 16th product a caller sleeps 1 ms first, so the helpers go from spinning
-   to sleeping and are woken again. Prints the worst error and the products the library
-   took over; exits 1 where a product was wrong. The library's helpers are as many as
-   OpenBLAS's threads (OPENBLAS_NUM_THREADS). */
+   to sleeping and are woken again. Prints the worst error, the products the library took
+   over and the chunks its helper threads computed; exits 1 where a product was wrong. The
+   library's helpers are as many as OpenBLAS's threads (OPENBLAS_NUM_THREADS) when it loads;
+   OPENBLAS_THREADS then sets OpenBLAS's own pool alone (1: OpenBLAS computes on the thread
+   that calls it). */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -22,7 +24,8 @@
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c,
                  int ldc);
-extern unsigned long mlx_ring_sgemm_rows_calls;
+void openblas_set_num_threads(int threads);
+extern unsigned long mlx_ring_sgemm_rows_calls, mlx_ring_sgemm_rows_helped;
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112, MAX_M = 24, MAX_N = 700, MAX_K = 96 };
 
@@ -71,10 +74,11 @@ static void *caller(void *arg) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s CALLERS PRODUCTS\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    fprintf(stderr, "usage: %s CALLERS PRODUCTS [OPENBLAS_THREADS]\n", argv[0]);
     return 2;
   }
+  if (argc == 4) openblas_set_num_threads(atoi(argv[3])); /* the library counted its own */
   int callers = atoi(argv[1]);
   products = atoi(argv[2]);
   pthread_t threads[64];
@@ -88,7 +92,8 @@ int main(int argc, char **argv) {
     free(mine);
   }
   unsigned long taken = __atomic_load_n(&mlx_ring_sgemm_rows_calls, __ATOMIC_RELAXED);
-  printf("{\"worst\": %g, \"products\": %d, \"taken_over\": %lu}\n", worst, callers * products,
-         taken);
+  unsigned long helped = __atomic_load_n(&mlx_ring_sgemm_rows_helped, __ATOMIC_RELAXED);
+  printf("{\"worst\": %g, \"products\": %d, \"taken_over\": %lu, \"helped\": %lu}\n", worst,
+         callers * products, taken, helped);
   return worst < 1e-3 ? 0 : 1;
 }
