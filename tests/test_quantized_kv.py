@@ -16,8 +16,10 @@ from mlx_lm.utils import load_model
 
 from distributed.memory import KV_GROUP_SIZE, element_bytes
 from engine.batch_caches import left_pad, merged, roll_back
-from engine.prefix_store import kv_bytes_per_token
+from engine.batch_engine import LAST_TOKEN_ALONE, BatchEngine
+from engine.prefix_store import PrefixStore, kv_bytes_per_token
 from engine.quantized_kv import BatchQuantizedKVCache, agreed_bits, make_caches
+from engine.step_plan import Insert, StepPlan, Store
 from tests.support.tiny_models import write_tiny_model
 from tests.test_batch_engine import PROMPTS, greedy_run
 
@@ -141,3 +143,54 @@ def test_heads_that_do_not_split_into_groups_keep_float_kv(tmp_path) -> None:
     bits, why = agreed_bits(small, 8, None)
     assert bits is None
     assert why is not None and "groups of 64" in why and "16" in why
+
+
+def _decode(engine: BatchEngine, plan: StepPlan, steps: int) -> tuple[list[int], list]:
+    """Apply `plan`, then decode one sequence greedily: its tokens and each step's logits."""
+    tokens, rows = [], []
+    for _ in range(steps):
+        engine.apply(plan)
+        row = np.array(engine.run().logits.astype(mx.float32))[-1]
+        tokens.append(int(row.argmax()))
+        rows.append(row)
+        plan = StepPlan(engine.step_index, engine.fingerprint(), tokens=[tokens[-1]])
+    return tokens, rows
+
+
+def _positions(layers: list, length: int) -> list[np.ndarray]:
+    """Every array of every layer's (keys, values) triples, cut to `length` positions."""
+    return [np.array(x[..., :length, :]) for keys, values in layers for x in (*keys, *values)]
+
+
+@pytest.mark.parametrize("length", [LAST_TOKEN_ALONE - 8, LAST_TOKEN_ALONE + 8])
+def test_a_quantized_prefix_entry_holds_the_bytes_the_answer_used(model, length: int) -> None:
+    """The prompt's entry (stored as it prefilled) and the finished conversation's (stored
+    from the decode batch) hold the very quantized triples the answer attended to: no second
+    quantization, no other scale. A hit computes the prompt's last token alone: beyond
+    LAST_TOKEN_ALONE tokens the first answer did so too, and the hit's answer is the same
+    computation (its logits equal bit for bit); a shorter prompt's last token ran inside the
+    prompt's forward, its sums in another order, and its own keys and values may quantize
+    one step apart (logits within the quantization error)."""
+    prompt = [(7 * i) % 250 + 3 for i in range(length)]
+    engine = BatchEngine(model, 256, prefix=PrefixStore(8))
+    first = StepPlan(0, engine.fingerprint(), inserts=[Insert(1, prompt, store_as=7)])
+    tokens, rows = _decode(engine, first, 12)
+    assert engine._decode_cache is not None
+    used = [layer.extract(0) for layer in engine._decode_cache]
+    attended = _positions([(c.keys, c.values) for c in used], length + 11)
+    # the conversation (the prompt and 11 tokens fed back) kept from the decode batch as 8
+    store = Store(1, 8, length + 11)
+    hit = Insert(2, prompt[-1:], prefix_entry=7, prefix_len=length - 1)
+    plan = StepPlan(
+        engine.step_index, engine.fingerprint(), removes=[1], stores=[store], inserts=[hit]
+    )
+    again, again_rows = _decode(engine, plan, 12)
+    for entry, held in ((7, length), (8, length + 11)):
+        stored = _positions(engine.prefix.entries[entry], held)
+        cut = [x[..., :held, :] for x in attended]
+        assert all(np.array_equal(a, b) for a, b in zip(stored, cut, strict=True)), entry
+    if length > LAST_TOKEN_ALONE:
+        assert again == tokens
+        assert all(np.array_equal(a, b) for a, b in zip(again_rows, rows, strict=True))
+    else:
+        np.testing.assert_allclose(again_rows[0], rows[0], atol=0.05)
