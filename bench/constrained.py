@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.constrained                      # the default model's tokenizer
     .venv/bin/python -m bench.constrained --tokenizer DIR --n-vocab 151936   # e.g. Qwen's 152k
 
-Runs rank 0's own code path (engine.constraints, engine.sampler, the batched MLX sampler)
+Runs rank 0's own code path (leader.constraints, leader.sampler, the batched MLX sampler)
 on random logits at temperature 1, B sequences in lock-step, and times per sampled token:
 the grammar (mask + advance), and sampling the batch with the masks applied, against
 sampling the same rows unconstrained (the difference: applying the masks). A sequence
@@ -27,9 +27,9 @@ import numpy as np
 from mlx_lm.utils import load_tokenizer
 
 from engine.batch_sampler import sample
-from engine.constraints import GrammarTokens, tool_call_schema
-from engine.sampler import RequestSampler
 from ipc.protocol import SamplingParams, ToolChoice, ToolSpec
+from leader.constraints import GrammarTokens, tool_call_schema
+from leader.sampler import RequestSampler
 
 ADDRESS = {
     "type": "object",

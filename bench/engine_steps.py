@@ -9,7 +9,7 @@ head stored transposed and on the last position); `--layout transposed` stores t
 [in, out] too, as LINEAR_LAYOUT=transposed does. For comparing OpenBLAS's kernels
 (OPENBLAS_CORETYPE) and layouts without a server around them; bench.step_time measures the
 server's steps. `--draft N` gives every row N proposed tokens a step (a speculative
-step's forward, engine/speculation.py) and rolls them all back at the next: the cost of
+step's forward, leader/speculation.py) and rolls them all back at the next: the cost of
 verifying N proposals, whatever is accepted.
 """
 

@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.speculation --alternate 3 --aggregate-trials 2  # on/off, 8 clients
 
 For each rank count, three servers on the same model directory, one after another: ours
-with SPECULATIVE=off, ours with SPECULATIVE=auto (prompt lookup, engine/speculation.py) and
+with SPECULATIVE=off, ours with SPECULATIVE=auto (prompt lookup, leader/speculation.py) and
 mlx_lm.server given our few-row sgemm (bench.compare's `peer-rows`), so the ratio is the
 engine's. At 2 ranks all three serve the even-head variant (bench/even_model.py): the
 peer cannot split the default model's heads. Workloads, greedy:

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.verify_width [--shape smollm2-135m|llama-8b] [--dtype bfloat16]
         [--context 1024] [--widths 1 2 3 5 9] [--batch 1]
 
-A speculative step (engine/speculation.py) sends each row's next token and its proposals
+A speculative step (leader/speculation.py) sends each row's next token and its proposals
 through one forward: W positions where a plain step has one. Its worth rests on that
 forward costing little more than one position's, which holds where the step is bound by
 reading the weights (a GPU, a Mac) and less on a CPU, whose products grow with the rows.

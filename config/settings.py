@@ -134,7 +134,7 @@ class Settings(BaseSettings):
     rank_weights: Annotated[RankWeights, NoDecode] = None
 
     # Generation
-    # None: the model's own context, lowered where memory says so (engine/context_window.py)
+    # None: the model's own context, lowered where memory says so (leader/context_window.py)
     max_sequence_length: Annotated[int | None, NoDecode] = Field(default=None, ge=16)
     max_batch_size: int = Field(default=8, ge=1, le=256)
     default_max_tokens: int = Field(default=512, ge=1)
@@ -144,21 +144,21 @@ class Settings(BaseSettings):
     default_top_k: int = Field(default=0, ge=0)
     default_min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     # prompt tokens a step prefills while no answer decodes (and the most in any step):
-    # mlx-lm's prefill step; fewer steps of fixed cost (engine/prefill_budget.py)
+    # mlx-lm's prefill step; fewer steps of fixed cost (leader/prefill_budget.py)
     prefill_chunk_size: int = Field(default=2048, ge=16)
     # beside running answers the prefill may make steps at most this many times a decode
-    # step, on average (engine/prefill_budget.py); 0: every step prefills PREFILL_CHUNK_SIZE
+    # step, on average (leader/prefill_budget.py); 0: every step prefills PREFILL_CHUNK_SIZE
     prefill_slowdown: float = Field(default=2.0, ge=0.0, le=100.0)
-    # a request reaching an idle cluster waits up to this long for more (engine/leader.py)
+    # a request reaching an idle cluster waits up to this long for more (leader/burst.py)
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
     # auto: rank 0 proposes up to SPEC_TOKENS tokens a row by prompt lookup and every rank
-    # verifies them in the step's one forward (engine/speculation.py)
+    # verifies them in the step's one forward (leader/speculation.py)
     speculative: Literal["auto", "always", "off"] = "auto"
     spec_tokens: int = Field(default=4, ge=1, le=64)
     # a smaller model with the served model's tokenizer, run on rank 0 alone, that proposes
-    # where prompt lookup finds nothing (engine/draft_model.py); empty: none. Resolved as
+    # where prompt lookup finds nothing (leader/draft_model.py); empty: none. Resolved as
     # MODEL is (a directory, a Hugging Face repo id, a .gguf file)
     draft_model: str = ""
     linear_layout: LinearLayout = "plain"

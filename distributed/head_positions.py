@@ -2,7 +2,7 @@
 
 Every head the ranks use (engine/last_logits.py for an unsplit model, the vocabulary-parallel
 heads, both pipeline forms) computes the logits of the last position only: the engine samples
-nothing else. A speculative step (engine/speculation.py) feeds each decoding row its next
+nothing else. A speculative step (leader/speculation.py) feeds each decoding row its next
 token and the tokens rank 0 proposed after it, and needs the logits of all those positions;
 it runs its forward inside `computing(n)`. Every rank enters it with the same `n` (the step
 plan carries the proposals), so the shapes the heads gather and the pipeline stages send and

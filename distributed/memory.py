@@ -7,7 +7,7 @@ the sliced parameters' sizes gives each rank's weight bytes exactly, without rea
 weight. KV cache: the family's cache kind and this rank's KV heads (tensor) or layers
 (pipeline) give the bytes per token (the prefix cache measures the same figure on every
 rank at start: engine/prefix_store.py); sliding-window layers add a fixed window per
-sequence instead. A draft model (DRAFT_MODEL, engine/draft_model.py) counts on rank 0
+sequence instead. A draft model (DRAFT_MODEL, leader/draft_model.py) counts on rank 0
 alone: its whole weights (the safetensors' data sizes) and float KV of each sequence.
 """
 
@@ -242,7 +242,7 @@ def predict(
     draft_dir: Path | None = None,
 ) -> FitReport:
     """Each rank's figures; `sequence_length` None: the model's context, lowered to the
-    longest every rank holds (as rank 0 chooses it: engine/context_window.py). `kv_bits`
+    longest every rank holds (as rank 0 chooses it: leader/context_window.py). `kv_bits`
     (KV_CACHE_BITS) applies where the ranks apply it: not to sliding-window models.
     `draft_dir`: DRAFT_MODEL's directory, whose weights and KV rank 0 holds too."""
     config = json.loads((Path(model_dir) / "config.json").read_text())

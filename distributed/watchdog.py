@@ -16,7 +16,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 import mlx.core as mx
 
-EXIT_CODE = 3
+from distributed.exits import EXIT_COLLECTIVE_TIMEOUT
+
 # A watchdog's `guard`, as parts of a model that evaluate inside the forward pass take it.
 EvalGuard = Callable[[str], AbstractContextManager[object]]
 log = logging.getLogger("ring.watchdog")
@@ -25,7 +26,7 @@ log = logging.getLogger("ring.watchdog")
 class CollectiveWatchdog:
     """One per process; `guard` is cheap (a lock and a notify)."""
 
-    def __init__(self, timeout_s: float, exit_code: int = EXIT_CODE) -> None:
+    def __init__(self, timeout_s: float, exit_code: int = EXIT_COLLECTIVE_TIMEOUT) -> None:
         self.timeout_s = timeout_s
         self.exit_code = exit_code
         self._cond = threading.Condition()

@@ -1,2 +1,3 @@
-"""Serving on the ranks: the step plan, the batch engine, and rank 0's leader, scheduler,
-sampler and detokenizer."""
+"""The compute every rank runs in lock-step: the step plan applied to the batch and its
+caches, the forward (compiled where it can be), speculation's verify, prefix entries in
+memory and on disk, the sampling ops, and the worker's step loop."""

@@ -1,7 +1,7 @@
 """Per-rank batch state: applies a step plan and runs the forward passes of one step.
 
 Every rank holds the same state in the same order. New sequences prefill alone with their
-own KV cache, in chunks of the plan's budget (engine/prefill_budget.py), so a long prompt
+own KV cache, in chunks of the plan's budget (leader/prefill_budget.py), so a long prompt
 never stalls the running batch for long; a prompt done joins the decode batch (a BatchKVCache
 per layer; engine/quantized_kv.py with KV_CACHE_BITS). A sequence may start from a prefix
 entry (engine/prefix_store.py, on disk prefix_disk.py). A speculative step (speculation.py)
@@ -10,9 +10,9 @@ plan says how many positions each drops."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -20,12 +20,19 @@ from mlx.utils import tree_flatten
 from distributed.head_positions import computing
 from distributed.watchdog import EvalGuard
 from engine.batch_caches import left_pad, merged, roll_back
-from engine.batch_sampler import RowSampling, Sampled, sample
+from engine.batch_sampler import Sampled, sample
 from engine.compiled_decode import CompiledDecode
 from engine.prefill_group import Prefill, fresh_group
 from engine.prefix_store import PrefixStore
 from engine.quantized_kv import make_caches
-from engine.step_plan import Insert, StepPlan, batch_fingerprint, step_width
+from engine.step_plan import (
+    Insert,
+    Sampling,
+    StepPlan,
+    StepResult,
+    batch_fingerprint,
+    step_width,
+)
 
 PHASE_PREFILL = 0
 PHASE_DECODE = 1
@@ -47,26 +54,6 @@ class PlanMismatchError(Exception):
     """This rank's batch differs from rank 0's; the job must stop."""
 
 
-# Rank 0's sampling of a step: how to sample each row, given the sequence ids and how many
-# positions each has in the step's logits (more than one in a speculative step).
-Sampling = Callable[[list[int], list[int]], Sequence[RowSampling]]
-
-
-@dataclass
-class StepResult:
-    """Every sequence that produced a next-token distribution this step: its logits, and
-    on rank 0 (which samples inside the step) its sampled token. `seq_ids[i]` owns
-    `widths[i]` consecutive rows (1, or a speculative step's positions): first the decode
-    batch, then sequences whose prompt finished prefilling this step (they join the decode
-    batch in that order)."""
-
-    seq_ids: list[int]
-    logits: mx.array | None
-    prefill_tokens: int = 0
-    sampled: Sampled | None = None
-    widths: list[int] = field(default_factory=list)
-
-
 @dataclass(eq=False)
 class PendingStep:
     """A step whose graph is built and computing; `wait()` finishes it."""
@@ -79,6 +66,7 @@ class PendingStep:
     finished: list[tuple[list[Prefill], mx.array, list | None]]
     arrays: list[mx.array]
     widths: list[int]
+    eager: bool  # its decode forward ran eagerly (not compiled)
 
     def wait(self) -> StepResult:
         """Wait for the step (under the collective watchdog); the prefilled join the batch."""
@@ -88,7 +76,16 @@ class PendingStep:
         for entries, _, batch_cache in self.finished:
             engine._join(entries, batch_cache)
         engine.step_index += 1
-        return StepResult(self.seq_ids, self.logits, self.prefill_tokens, self.sampled, self.widths)
+        return StepResult(
+            self.seq_ids,
+            self.logits,
+            self.prefill_tokens,
+            self.sampled,
+            self.widths,
+            prefill_forwards=engine.last_prefill,
+            eager=self.eager,
+            prefix_bytes=engine.prefix.nbytes,
+        )
 
 
 class BatchEngine:
@@ -145,8 +142,9 @@ class BatchEngine:
                 "which differs from rank 0's batch"
             )
 
-    def apply(self, plan: StepPlan) -> None:
-        """Roll back, evict, store, remove, set the next tokens, queue inserts (no forward)."""
+    def apply(self, plan: StepPlan) -> list[tuple[int, int, bool]]:
+        """Roll back, evict, store, remove, set the next tokens, queue inserts (no forward);
+        the plan's disk loads as every rank voted: (entry, disk key, loaded)."""
         if plan.rollbacks:
             self._roll_back(plan.rollbacks)
         for entry in plan.evicts:
@@ -178,6 +176,7 @@ class BatchEngine:
         self.prefill_budget = self.prefill_chunk_size if plan.prefill is None else plan.prefill
         for insert in plan.inserts:
             self.prefilling.append(self._start(insert))
+        return self.prefix.loaded
 
     def _roll_back(self, drops: list[int]) -> None:
         """Drop each decoding row's unaccepted positions from the previous step."""
@@ -311,7 +310,10 @@ class BatchEngine:
                     sampled = sample(output, sampling(seq_ids, widths))
                     arrays += sampled.arrays()
                     mx.async_eval(sampled.arrays())
-        return PendingStep(self, seq_ids, output, sampled, prefill_tokens, finished, arrays, widths)
+        eager = self.compiled is None or not self.compiled.enabled
+        return PendingStep(
+            self, seq_ids, output, sampled, prefill_tokens, finished, arrays, widths, eager
+        )
 
     def _verify(self, width: int) -> mx.array:
         """One forward (compiled where it applies) over each decoding row's next token and

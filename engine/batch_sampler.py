@@ -1,7 +1,7 @@
 """Rank 0 samples the whole batch inside MLX, as the last ops of the step's graph.
 
 Penalties (repetition on the prompt and the answer; presence and frequency on the answer),
-grammar masks (packed allowed-token bits from engine/constraints.py), temperature, top_k,
+grammar masks (packed allowed-token bits from leader/constraints.py), temperature, top_k,
 top_p, min_p and logprobs are batched array ops, so the sampled tokens are one more lazy
 result of the step: rank 0 can start the step and do other work (stream the last step's
 text) while it computes.

@@ -6,7 +6,7 @@ and prefix stores work on them as before); for the step, each layer's key and va
 buffers go into the compiled function whole, with the write position, the rows' RoPE
 offsets and left padding as arrays:
 - a layer writes the step's keys and values at the position with `slice_update`: one
-  token a row, or a speculative step's next token and proposals (engine/speculation.py),
+  token a row, or a speculative step's next token and proposals (leader/speculation.py),
   the same width for every row;
 - attention runs over the whole buffer, the mask hiding the left padding and what lies
   past each query's position (masked scores weigh exactly 0);

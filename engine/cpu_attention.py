@@ -100,7 +100,7 @@ def _apply(scores: mx.array, mask: mx.array) -> mx.array:
 
 def on_cpu_backend() -> bool:
     """Whether this process's MLX computes on the CPU (no GPU): the kernel here, and the
-    leader's streaming order (engine/leader.py), are for that case."""
+    leader's streaming order (leader/loop.py), are for that case."""
     return mx.default_device() == mx.cpu
 
 

@@ -32,7 +32,7 @@ def fresh_group(prefilling: list[Prefill], chunk_size: int, budget: int | None) 
     """Leading unstarted short prompts (at most one chunk each) that fit `budget`
     together (None: no limit on their total). Whole prompts are left-padded to the
     group's width; one that starts from a cached prefix is not padded, so it joins
-    only at the group's width (rank 0 aligns bursts so: engine/prefix_cache.py)."""
+    only at the group's width (rank 0 aligns bursts so: leader/prefix_cache.py)."""
     group: list[Prefill] = []
     width = 0
     for entry in prefilling:

@@ -1,7 +1,7 @@
 """Each rank's part of the prefix cache on its local disk (PREFIX_CACHE_DIR), so a conversation
 survives memory's eviction and a restart.
 
-Rank 0 decides everything (engine/prefix_disk_index.py) and the step plan carries it: save
+Rank 0 decides everything (leader/prefix_disk_index.py) and the step plan carries it: save
 memory entry E as disk key K, load K into memory entry E, drop K. Every rank does the same
 with its own part (its heads or layers), in its own directory:
 `PREFIX_CACHE_DIR/<model, split and KV bits digest>/rank-<r>/<key>.safetensors`, so a

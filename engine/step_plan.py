@@ -1,26 +1,45 @@
-"""The step plan rank 0 broadcasts before every step: a compact, versioned binary form.
+"""The one interface between rank 0's request side (leader/) and the compute every rank
+runs in lock-step (engine/): a StepPlan in, a StepResult out.
 
-Layout (little endian): header `<BBQQHHHHH` = version, flags, step, fingerprint,
-len(removes), len(tokens), len(inserts), len(stores), len(evicts); then removes and tokens
-as uint32 arrays; each insert as `<IIIII` (seq id, prefix entry, prefix length, store-as
-entry, token count) followed by its uint32 tokens; each store as `<III` (seq id, entry,
-length); evicts as a uint32 array; with FLAG_ROLLBACKS, a uint16 count and the rollbacks
-as a uint16 array; with FLAG_DRAFTS, one uint8 count per next token, then all the drafts'
-tokens as one uint32 array; with FLAG_PREFILL, the prefill budget as a uint32; with
-FLAG_DISK, `<HHH` counts of saves, loads and drops, then saves as `<IQ` (entry, disk key),
-loads as `<IQI` (entry, disk key, length) and drops as uint64 keys. A plan of a step that
-neither speculates, prefills nor touches the disk is as long as in version 2.
-`fingerprint` describes the batch and the prefix entries every rank must hold *before*
-applying the plan. Every rank applies a plan in one order: rollbacks, evicts, stores, disk
-saves, loads and drops, removes, next tokens (with their drafts), inserts.
+Each step rank 0 builds a StepPlan from its requests (leader/scheduler.py) and broadcasts
+its bytes; every rank decodes it, checks it against its own batch (the fingerprint) and
+applies it (engine/batch_engine.py `apply`, which answers with the plan's disk loads as
+the ranks voted), then runs the step's forward. On rank 0 the engine also samples, with
+the `Sampling` rank 0 passes in (how to sample each row), and answers with a StepResult:
+every row's logits and sampled tokens, the prefill it did and what rank 0's rules measure
+(its prefill forwards, whether the decode ran eagerly, the prefix cache's bytes). Between
+steps rank 0 plans against its own engine's batch (decode ids, prefilling sequences, the
+step index and fingerprint), which every rank holds alike. Nothing else crosses: engine/
+imports neither ipc/ nor leader/ (tests/test_house.py).
+
+The plan's wire form: compact, versioned binary, never pickle. Layout (little endian):
+header `<BBQQHHHHH` = version, flags, step, fingerprint, len(removes), len(tokens),
+len(inserts), len(stores), len(evicts); then removes and tokens as uint32 arrays; each
+insert as `<IIIII` (seq id, prefix entry, prefix length, store-as entry, token count)
+followed by its uint32 tokens; each store as `<III` (seq id, entry, length); evicts as a
+uint32 array; with FLAG_ROLLBACKS, a uint16 count and the rollbacks as a uint16 array; with
+FLAG_DRAFTS, one uint8 count per next token, then all the drafts' tokens as one uint32
+array; with FLAG_PREFILL, the prefill budget as a uint32; with FLAG_DISK, `<HHH` counts of
+saves, loads and drops, then saves as `<IQ` (entry, disk key), loads as `<IQI` (entry,
+disk key, length) and drops as uint64 keys. A plan of a step that neither speculates,
+prefills nor touches the disk is as long as in version 2. `fingerprint` describes the
+batch and the prefix entries every rank must hold *before* applying the plan. Every rank
+applies a plan in one order: rollbacks, evicts, stores, disk saves, loads and drops,
+removes, next tokens (with their drafts), inserts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from engine.batch_sampler import RowSampling, Sampled
 
 # 3: speculative steps (drafts and rollbacks); 4: the prefill budget; 5: the disk tier
 PLAN_VERSION = 5
@@ -76,11 +95,11 @@ class StepPlan:
     stores: decoding sequences whose KV becomes a prefix entry (before their removal).
     evicts: prefix entries every rank drops.
     drafts: per next token (empty, or as many lists as `tokens`), the tokens rank 0 proposes
-        after it: the row's forward takes them as further positions (engine/speculation.py).
+        after it: the row's forward takes them as further positions (leader/speculation.py).
     rollbacks: per decoding sequence as held before this plan (empty: none), how many of the
         positions the previous step wrote it drops: the proposals rank 0 did not accept.
     prefill: the most prompt tokens the step prefills, over all prefilling sequences
-        (engine/prefill_budget.py; 0: none, the step only decodes; None: the engine's
+        (leader/prefill_budget.py; 0: none, the step only decodes; None: the engine's
         PREFILL_CHUNK_SIZE).
     saves, loads, drops: the prefix cache's disk tier (engine/prefix_disk.py): save entry
         as key; load key's first `length` positions into entry; delete key.
@@ -238,6 +257,31 @@ class StepPlan:
             stop=bool(flags & FLAG_STOP),
             sleep=bool(flags & FLAG_SLEEP),
         )
+
+
+# Rank 0's sampling of a step: how to sample each row, given the sequence ids and how many
+# positions each has in the step's logits (more than one in a speculative step).
+Sampling = Callable[[list[int], list[int]], Sequence["RowSampling"]]
+
+
+@dataclass
+class StepResult:
+    """Every sequence that produced a next-token distribution this step: its logits, and
+    on rank 0 (which samples inside the step) its sampled token. `seq_ids[i]` owns
+    `widths[i]` consecutive rows (1, or a speculative step's positions): first the decode
+    batch, then sequences whose prompt finished prefilling this step (they join the decode
+    batch in that order). `prefill_forwards`: the step's prefill forwards as (cached
+    positions, tokens); `eager`: its decode forward was not compiled; `prefix_bytes`: this
+    rank's prefix-cache entries after it."""
+
+    seq_ids: list[int]
+    logits: mx.array | None
+    prefill_tokens: int = 0
+    sampled: Sampled | None = None
+    widths: list[int] = field(default_factory=list)
+    prefill_forwards: list[tuple[int, int]] = field(default_factory=list)
+    eager: bool = True
+    prefix_bytes: int = 0
 
 
 def batch_fingerprint(

@@ -89,7 +89,7 @@ def check_tool_choice(choice: ToolChoice, names: list[str]) -> None:
 class Limits:
     """The answer's cap a request carries to rank 0 (docs/ARCHITECTURE.md, "A cap is not a
     demand"): the client's own, else DEFAULT_MAX_TOKENS. Rank 0 alone knows the prompt's
-    length, so it alone turns the cap into the budget (engine/scheduler.py `budget`)."""
+    length, so it alone turns the cap into the budget (leader/scheduler.py `budget`)."""
 
     default_max_tokens: int
 

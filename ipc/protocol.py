@@ -170,7 +170,7 @@ class Timings(BaseModel):
     prompt_tokens_per_second: float
     generation_tokens_per_second: float
     total_time_s: float
-    # speculative decoding (engine/speculation.py): tokens proposed for this answer, those
+    # speculative decoding (leader/speculation.py): tokens proposed for this answer, those
     # accepted, and the decode steps that gave it tokens (its tokens per step)
     proposed_tokens: int = 0
     accepted_tokens: int = 0

@@ -1,8 +1,8 @@
 """Rank 0's socket server: asyncio on a background thread, events to the step loop.
 
 The step loop owns all request state. This thread only parses frames, answers
-`status` and protocol errors itself, and puts `Event`s on a queue; replies come back
-through `send`, which is safe to call from any thread.
+`status` and protocol errors itself, and puts events (ipc/events.py) on a queue; replies
+come back through `send`, which is safe to call from any thread.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import os
 import queue
 import socket
 import threading
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from ipc.events import Cancelled, Closed, ConnectionId, Event, ShutdownAsked, Submitted
 from ipc.framing import FrameError, encode_frame, read_frame
 from ipc.protocol import (
     CLIENT_MESSAGE,
@@ -48,15 +49,6 @@ class Reporter(Protocol):
     def status(self) -> Status: ...
 
 
-@dataclass
-class Event:
-    """Something the step loop must act on: submit, cancel, closed or shutdown."""
-
-    kind: str
-    conn: int | None = None
-    message: Any = None
-
-
 class SocketServer:
     """Serves SOCKET_PATH (mode 0600); many requests per connection, keyed by id."""
 
@@ -64,7 +56,7 @@ class SocketServer:
         self.path = Path(path)
         self.events = events
         self.reporter = reporter  # replaced by the leader once the model is loaded
-        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._writers: dict[ConnectionId, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -114,12 +106,12 @@ class SocketServer:
 
     # ---- sending -----------------------------------------------------------------
 
-    def send(self, items: list[tuple[int, BaseModel]]) -> None:
+    def send(self, items: Sequence[tuple[ConnectionId, BaseModel]]) -> None:
         """Queue (connection, message) pairs for sending; any thread."""
         if items:
             self._loop.call_soon_threadsafe(self._write, list(items))
 
-    def _write(self, items: list[tuple[int, BaseModel]]) -> None:
+    def _write(self, items: list[tuple[ConnectionId, BaseModel]]) -> None:
         for conn, message in items:
             writer = self._writers.get(conn)
             if writer is not None and not writer.is_closing():
@@ -137,7 +129,7 @@ class SocketServer:
             pass
         finally:
             if self._writers.pop(conn, None) is not None:
-                self.events.put(Event("closed", conn))
+                self.events.put(Closed(conn))
             writer.close()
 
     async def _reject(self, writer: asyncio.StreamWriter, code: ErrorCode, message: str) -> None:
@@ -165,7 +157,7 @@ class SocketServer:
         return False
 
     async def _handshake(
-        self, conn: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, conn: ConnectionId, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         message = await self._read(reader, writer)
         if not message:
@@ -191,7 +183,7 @@ class SocketServer:
         return True
 
     async def _loop_frames(
-        self, conn: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, conn: ConnectionId, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         while True:
             message = await self._read(reader, writer)
@@ -204,11 +196,11 @@ class SocketServer:
                 if refusal is not None:
                     writer.write(encode_frame(refusal))
                 else:
-                    self.events.put(Event("submit", conn, message))
+                    self.events.put(Submitted(conn, message))
             elif isinstance(message, Cancel):
-                self.events.put(Event("cancel", conn, message))
+                self.events.put(Cancelled(conn, message.id))
             elif isinstance(message, Shutdown):
-                self.events.put(Event("shutdown", conn, message))
+                self.events.put(ShutdownAsked())
             elif isinstance(message, Hello):
                 await self._reject(writer, "bad_frame", "hello was already received")
                 return

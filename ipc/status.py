@@ -1,7 +1,7 @@
 """Rank 0's status snapshot: the answer to a StatusRequest on the socket (ipc/protocol.py).
 
 Read by the gateway (/health, /model/info, /cluster/status, the dashboard, /metrics) and by
-the launcher (readiness, shutdown); written by rank 0 (engine/leader.py) from its running state.
+the launcher (readiness, shutdown); written by rank 0 (leader/loop.py) from its running state.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Counters(BaseModel):
 
 
 class SpeculationStats(BaseModel):
-    """Rank 0's speculative decoding (engine/speculation.py): whether it runs (or why not)
+    """Rank 0's speculative decoding (leader/speculation.py): whether it runs (or why not)
     and its totals since it started."""
 
     enabled: bool = False
@@ -77,7 +77,7 @@ class SpeculationStats(BaseModel):
     accepted_tokens: int = 0
     acceptance_rate: float = 0.0  # accepted / proposed
     tokens_per_step: float = 0.0  # tokens a decoding row took per step
-    draft_model: str = ""  # DRAFT_MODEL in use (engine/draft_model.py); empty: none
+    draft_model: str = ""  # DRAFT_MODEL in use (leader/draft_model.py); empty: none
     draft_reason: str = ""  # why DRAFT_MODEL is set but not used
     draft_proposed_tokens: int = 0  # of proposed_tokens, those the draft model proposed
     draft_accepted_tokens: int = 0

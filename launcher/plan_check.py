@@ -52,7 +52,7 @@ def draft_dir(settings: Settings) -> Path | None:
     """DRAFT_MODEL's directory; None when unset or when it cannot be resolved (said why)."""
     if not settings.draft_model.strip():
         return None
-    from engine.draft_model import DraftError, resolve_draft  # imports mlx: when set
+    from leader.draft_model import DraftError, resolve_draft  # imports mlx: when set
 
     try:
         return resolve_draft(settings)

@@ -9,10 +9,10 @@ import json
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.answer import AnswerShape, AnswerStream, Piece
-from engine.channels import ChannelSplitter, Markers
-from engine.tool_calls import FALLBACK_FORMAT, ForcedCallStream, parse_calls
 from ipc.protocol import ToolSpec
+from leader.answer import AnswerShape, AnswerStream, Piece
+from leader.channels import ChannelSplitter, Markers
+from leader.tool_calls import FALLBACK_FORMAT, ForcedCallStream, parse_calls
 from tests.support.tiny_models import (
     AGENT_CALLS,
     AGENT_SCRIPT,

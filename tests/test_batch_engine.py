@@ -73,7 +73,7 @@ def test_batched_chunked_and_lone_prefill_agree(model):
 
 
 def test_greedy_tokens_do_not_depend_on_the_plans_prefill_budgets(model):
-    """Rank 0 changes the chunk every step, or skips it (engine/prefill_budget.py): a long
+    """Rank 0 changes the chunk every step, or skips it (leader/prefill_budget.py): a long
     prompt prefilled in uneven chunks beside running answers decodes as it does alone."""
     # the 130-token one arrives with them; its ids stay below the tiny model's 259 embedding
     # rows (a gather past them reads whatever memory follows: 200-330 made this test flaky)
@@ -157,7 +157,7 @@ def test_a_burst_of_short_prompts_prefills_in_one_step_unless_answers_run(model)
 
 def test_a_burst_with_cached_prefixes_prefills_in_one_step_and_decodes_as_alone(model):
     """Rows from prefix entries (of different prefix lengths) beside a whole, left-padded
-    prompt, as rank 0 aligns a burst (engine/prefix_cache.py): one forward, and each row's
+    prompt, as rank 0 aligns a burst (leader/prefix_cache.py): one forward, and each row's
     logits and greedy tokens those of its prompt alone."""
     shared = list(range(40, 70))
     prompts = [shared + list(range(200, 213)), shared[:25] + list(range(100, 121)), [5, 6, 7]]

@@ -242,7 +242,7 @@ def test_constrained_bench_measures_every_part_on_a_tiny_tokenizer(tmp_path) -> 
     from mlx_lm.utils import load_tokenizer
 
     from bench.constrained import GRAMMARS, measure
-    from engine.constraints import GrammarTokens
+    from leader.constraints import GrammarTokens
     from tests.support.tiny_models import write_agent_tokenizer
 
     tokenizer = load_tokenizer(write_agent_tokenizer(tmp_path / "tok"))

@@ -1,54 +1,76 @@
-"""Rank 0's burst window (engine/leader.py gather_burst): the requests that follow one to
-an idle cluster join it while each comes within the gap of the last, and never past the
-window. Real threads and a real queue; the gaps are wide enough for a loaded machine."""
+"""Rank 0's burst window (leader/burst.py gather_burst): the requests that follow one to an
+idle cluster join it while each comes within the gap of the last, and never past the
+window. The events arrive on a scripted clock (no sleeping thread, no wall-clock bounds),
+and one test checks the real queue's timeout path."""
 
 from __future__ import annotations
 
 import queue
-import threading
-import time
 
-from engine.leader import gather_burst
-from ipc.server import Event
+from ipc.events import Cancelled, Event, Submitted
+from ipc.protocol import SamplingParams, Submit
+from leader.burst import gather_burst
 
 
-def _send_later(events: queue.Queue[Event], delays: list[float]) -> threading.Thread:
-    """Put a submit after each delay (seconds after the last one) from another thread."""
+class Arrivals:
+    """Events due at set times on a clock of its own: `get` moves the clock to the next
+    event's time when it comes within `timeout`, else past the timeout (queue.Empty)."""
 
-    def run() -> None:
-        for delay in delays:
-            time.sleep(delay)
-            events.put(Event("submit"))
+    def __init__(self, at: list[float], events: list[Event] | None = None) -> None:
+        self.now = 0.0
+        self.due = list(zip(at, events or [_submit(i) for i in range(len(at))], strict=True))
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+    def clock(self) -> float:
+        return self.now
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Event:
+        assert timeout is not None and timeout > 0, timeout
+        if self.due and self.due[0][0] <= self.now + timeout:
+            when, event = self.due.pop(0)
+            self.now = max(self.now, when)
+            return event
+        self.now += timeout
+        raise queue.Empty
+
+
+def _submit(index: int) -> Submitted:
+    return Submitted(1, Submit(id=f"r{index}", prompt="hi", params=SamplingParams(max_tokens=1)))
 
 
 def test_requests_each_within_the_gap_join_and_a_late_one_waits():
-    events: queue.Queue[Event] = queue.Queue()
+    arrivals = Arrivals([0.02, 0.04, 0.06, 0.86])
     handled: list[Event] = []
-    sender = _send_later(events, [0.02, 0.02, 0.02, 0.8])
-    started = time.monotonic()
-    assert gather_burst(events, handled.append, window_s=5.0, gap_s=0.3) == 3
-    assert time.monotonic() - started < 0.75  # left at the gap, not at the window
-    sender.join()
-    assert len(handled) == 3 and events.qsize() == 1  # the late one is for the next step
+    took = gather_burst(arrivals, handled.append, window_s=5.0, gap_s=0.3, clock=arrivals.clock)
+    assert took == 3 and len(handled) == 3
+    assert arrivals.now == 0.06 + 0.3  # left at the gap after the third, not at the window
+    assert len(arrivals.due) == 1  # the late one is for the next step
 
 
 def test_the_window_bounds_a_steady_stream():
-    events: queue.Queue[Event] = queue.Queue()
-    sender = _send_later(events, [0.05] * 20)
-    started = time.monotonic()
-    gathered = gather_burst(events, lambda event: None, window_s=0.3, gap_s=0.5)
-    waited = time.monotonic() - started
-    sender.join()
-    assert 0.3 <= waited < 0.6
-    assert 1 <= gathered < 20
+    arrivals = Arrivals([i / 16 for i in range(1, 21)])  # one every 62.5 ms
+    window = 6 / 16
+    took = gather_burst(arrivals, lambda event: None, window, gap_s=0.5, clock=arrivals.clock)
+    assert took == 6  # those at 1/16 ... 6/16 s; the window ends there
+    assert arrivals.now == window and len(arrivals.due) == 14
+
+
+def test_only_submits_count_but_every_event_is_handled():
+    events: list[Event] = [_submit(0), Cancelled(1, "r0"), _submit(1)]
+    arrivals = Arrivals([0.001, 0.002, 0.003], events)
+    handled: list[Event] = []
+    took = gather_burst(arrivals, handled.append, window_s=1.0, gap_s=0.01, clock=arrivals.clock)
+    assert took == 2 and handled == events
 
 
 def test_no_window_takes_nothing():
     events: queue.Queue[Event] = queue.Queue()
-    events.put(Event("submit"))
+    events.put(_submit(0))
     assert gather_burst(events, lambda event: None, window_s=0.0) == 0
     assert events.qsize() == 1
+
+
+def test_a_real_queue_returns_when_nothing_follows():
+    events: queue.Queue[Event] = queue.Queue()
+    events.put(_submit(0))
+    assert gather_burst(events, lambda event: None, window_s=10.0, gap_s=0.001) == 1
+    assert events.empty()

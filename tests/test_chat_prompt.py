@@ -9,8 +9,8 @@ import json
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.chat_prompt import FALLBACK_TOOLS_PROMPT, ChatPrompt
 from ipc.protocol import ChatMessage, SamplingParams, Submit, ToolCall, ToolChoice, ToolSpec
+from leader.chat_prompt import FALLBACK_TOOLS_PROMPT, ChatPrompt
 from tests.support.tiny_models import write_agent_tokenizer, write_byte_tokenizer
 
 WEATHER = ToolSpec(

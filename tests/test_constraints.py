@@ -15,10 +15,6 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from engine.constraints import GrammarTokens, UnsupportedSchema, tool_call_schema
-from engine.sampler import RequestSampler
-from engine.sampling_defaults import SamplingDefaults
-from engine.scheduler import Scheduler
 from gateway.core import assemble_calls
 from ipc.protocol import (
     ChatMessage,
@@ -32,6 +28,10 @@ from ipc.protocol import (
     ToolChoice,
     ToolSpec,
 )
+from leader.constraints import GrammarTokens, UnsupportedSchema, tool_call_schema
+from leader.sampler import RequestSampler
+from leader.sampling_defaults import SamplingDefaults
+from leader.scheduler import Scheduler
 from tests.support.steps import take_step
 from tests.support.tiny_models import write_agent_tokenizer
 
@@ -134,15 +134,15 @@ def chat_submit(request_id: str, **fields) -> Submit:
 
 
 def sent(scheduler: Scheduler) -> list:
-    messages = [message for _, message in scheduler.outbox]
-    scheduler.outbox.clear()
+    messages = [message for _, message in scheduler.requests.outbox]
+    scheduler.requests.outbox.clear()
     return messages
 
 
 def test_the_scheduler_streams_a_forced_call_and_says_tool_calls(tokenizer, grammar):
     scheduler = Scheduler(tokenizer, 4, 4096, grammar=grammar)
     choice = ToolChoice(mode="function", name="get_weather")
-    scheduler.submit("c", chat_submit("f", tools=TOOLS, tool_choice=choice))
+    scheduler.requests.submit("c", chat_submit("f", tools=TOOLS, tool_choice=choice))
     assert isinstance(sent(scheduler)[0], Started)
     engine = BatchEngine(None, 16)
     engine.apply(scheduler.build_plan(engine))
@@ -168,15 +168,15 @@ def test_refusals_name_the_field_and_counting_generates_nothing(tokenizer, gramm
     bad = OutputFormat(
         type="json_schema", json_schema={"type": "object", "uniqueItems": True}, param="p.schema"
     )
-    scheduler.submit("c", chat_submit("bad", output=bad))
-    scheduler.submit("c", chat_submit("count", count_only=True, tools=TOOLS))
+    scheduler.requests.submit("c", chat_submit("bad", output=bad))
+    scheduler.requests.submit("c", chat_submit("count", count_only=True, tools=TOOLS))
     error, started, done = sent(scheduler)
     assert isinstance(error, Error) and error.param == "p.schema" and "uniqueItems" in error.message
     assert isinstance(started, Started) and isinstance(done, Done)
     assert done.usage.prompt_tokens == started.prompt_tokens > 100  # the tools are in it
-    assert done.usage.completion_tokens == 0 and not scheduler.queue
+    assert done.usage.completion_tokens == 0 and not scheduler.requests.queue
     without = Scheduler(tokenizer, 4, 4096)  # no llguidance: refused, saying why
-    without.submit("c", chat_submit("x", output=OutputFormat(type="json_object")))
+    without.requests.submit("c", chat_submit("x", output=OutputFormat(type="json_object")))
     (error,) = sent(without)
     assert isinstance(error, Error) and "llguidance" in error.message
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from distributed.model_shape import model_context
-from engine.context_window import choose_context, memory_context
 from ipc.status import RankStatus
+from leader.context_window import choose_context, memory_context
 
 GIB = 2**30
 

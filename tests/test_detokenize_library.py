@@ -1,7 +1,7 @@
-"""engine/detokenize.py against mlx-lm's streaming detokenizers, on the default model's
+"""leader/detokenize.py against mlx-lm's streaming detokenizers, on the default model's
 tokenizer (SmolLM2-135M-Instruct's, built from its GGUF) and real text: ours streams what
 `tokenizer.decode(ids, skip_special_tokens=True)` gives; mlx-lm's does not (the reason
-engine/detokenize.py keeps its own, stated in its docstring). If a newer mlx-lm gives the
+leader/detokenize.py keeps its own, stated in its docstring). If a newer mlx-lm gives the
 same text, the second test fails: then use the library."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from acquisition.gguf_import import read_header
 from acquisition.gguf_tokenizer import build_tokenizer_files
 from acquisition.source import ModelSourceError, default_gguf_path
-from engine.detokenize import IncrementalDecoder, token_bytes
+from leader.detokenize import IncrementalDecoder, token_bytes
 
 TEXTS = [
     " The capital of France is Paris. It has  two  spaces,\nnewlines\n\nand a tab\t!",
@@ -70,5 +70,5 @@ def test_mlx_lms_detokenizer_gives_other_text(smollm2: TokenizerWrapper) -> None
     assert wanted == (TEXTS[0], "Hi")
     assert found == (TEXTS[0][1:], "Hi<|im_end|>"), (
         "mlx-lm's streaming detokenizer changed: if it now gives the same text as ours, use "
-        "it in engine/detokenize.py"
+        "it in leader/detokenize.py"
     )

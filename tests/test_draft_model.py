@@ -1,4 +1,4 @@
-"""The draft model (DRAFT_MODEL, engine/draft_model.py) in one process, on tiny random models
+"""The draft model (DRAFT_MODEL, leader/draft_model.py) in one process, on tiny random models
 that share one tokenizer: its proposals are its greedy continuation, its per-row cache
 follows the history across accepted and rejected proposals (the same keys and values as a
 fresh prefill), a draft with another tokenizer or none at all is refused with its reason,
@@ -18,9 +18,9 @@ from mlx_lm.utils import load_model, load_tokenizer
 from config.settings import Settings
 from distributed.hosts import RankHost
 from distributed.memory import check_fit
-from engine.draft_model import DraftError, load_draft, tokenizer_difference
-from engine.speculation import Speculator
 from launcher.plan_check import draft_dir
+from leader.draft_model import DraftError, load_draft, tokenizer_difference
+from leader.speculation import Speculator
 from tests.support.tiny_models import write_tiny_model
 from tests.test_speculation import generate, request
 

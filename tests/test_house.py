@@ -1,5 +1,5 @@
 """The house rules, checked on the source itself: no import circle among the project's
-modules, and no source file over MAX_LINES lines.
+modules, the two roles in their own rooms, and no source file over MAX_LINES lines.
 
 The import graph is read with ast (nothing is imported): every `import` and `from ...
 import` anywhere in a module (at the top, in functions, under TYPE_CHECKING), absolute or
@@ -16,10 +16,30 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
-PACKAGES = ("config", "ipc", "acquisition", "distributed", "engine", "gateway", "launcher", "bench")
+PACKAGES = (
+    "config",
+    "ipc",
+    "acquisition",
+    "distributed",
+    "engine",
+    "leader",
+    "gateway",
+    "launcher",
+    "bench",
+)
 SCRIPTS = ("server.py", "api.py")
 MAX_LINES = 400
 SOURCE_SUFFIXES = (".py", ".sh", ".c")
+# What a package must never import. engine/ is the compute every rank runs in lock-step:
+# it meets rank 0's request side (leader/) only in the step plan and the step's result
+# (engine/step_plan.py), and knows nothing of the socket protocol (ipc/). The API process
+# and the launcher hold no model: neither imports the ranks' packages.
+NEVER = {
+    "engine": ("ipc", "leader", "gateway", "launcher", "bench", "server", "api"),
+    "leader": ("gateway", "launcher", "bench", "server", "api"),
+    "gateway": ("engine", "leader", "distributed", "server"),
+    "distributed": ("engine", "leader", "ipc", "gateway", "server"),
+}
 # Files allowed over MAX_LINES, each with the reason (keep this empty where possible).
 ALLOWED_LONG: dict[str, str] = {}
 
@@ -130,6 +150,32 @@ def test_no_import_circle() -> None:
     assert not found, "import circles (break each: move the shared piece down a layer):\n" + (
         "\n".join(" -> ".join(circle) for circle in found)
     )
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that NEVER forbids, as `module -> imported`."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        banned = NEVER.get(module.split(".")[0], ())
+        found += [f"{module} -> {i}" for i in sorted(imported) if i.split(".")[0] in banned]
+    return found
+
+
+def test_the_roles_keep_their_rooms() -> None:
+    graph = import_graph(PROJECT)
+    assert any(m.startswith("engine.") for m in graph) and any(
+        m.startswith("leader.") for m in graph
+    )
+    assert not crossings(graph), "imports across a boundary:\n" + "\n".join(crossings(graph))
+
+
+def test_a_crossing_is_seen(tmp_path: Path) -> None:
+    for package in ("engine", "ipc"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "ipc" / "protocol.py").write_text("x = 1\n")
+    (tmp_path / "engine" / "step.py").write_text("def f():\n    from ipc.protocol import x\n")
+    assert crossings(import_graph(tmp_path)) == ["engine.step -> ipc.protocol"]
 
 
 def test_the_graph_sees_relative_lazy_and_package_imports(tmp_path: Path) -> None:

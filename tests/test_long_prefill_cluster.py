@@ -1,5 +1,5 @@
 """A long prompt beside running answers, on 2 real ranks: rank 0 sizes each prefill chunk
-so the answers keep streaming (engine/prefill_budget.py).
+so the answers keep streaming (leader/prefill_budget.py).
 
 The model is tests/support/long_context_model.py's (64K positions, SmolLM2's tokenizer)
 with its end-of-sequence row zeroed, so greedy answers run until their cap. Four answers

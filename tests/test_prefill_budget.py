@@ -1,11 +1,11 @@
-"""Rank 0's prefill budget (engine/prefill_budget.py): large chunks alone, and beside
+"""Rank 0's prefill budget (leader/prefill_budget.py): large chunks alone, and beside
 running answers the most tokens the fitted step-time model keeps within the slowdown."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.prefill_budget import MIN_CHUNK, SAVED_STEPS, PrefillBudget
+from leader.prefill_budget import MIN_CHUNK, SAVED_STEPS, PrefillBudget
 
 F, A, B = 2.0, 0.02, 1e-5  # ms per forward, per token, per token x context position
 

@@ -12,13 +12,13 @@ import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from engine.prefix_cache import PrefixCache
 from engine.prefix_disk import DiskTier, token_key
-from engine.prefix_disk_index import DiskIndex
 from engine.prefix_store import PrefixStore
-from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
+from leader.prefix_cache import PrefixCache
+from leader.prefix_disk_index import DiskIndex
+from leader.scheduler import Scheduler
 from tests.support.tiny_models import write_tiny_model
 
 
@@ -142,7 +142,7 @@ def serve(tiny, directory, submits: list[Submit]) -> dict[str, tuple[list[int], 
     engine = BatchEngine(model, 64, prefix=PrefixStore(None, tier))
     out = {}
     for submit in submits:
-        scheduler.submit("conn", submit)
+        scheduler.requests.submit("conn", submit)
         tokens: list[int] = []
         while scheduler.has_work(engine):
             plan = StepPlan.decode(scheduler.build_plan(engine).encode())
@@ -150,13 +150,13 @@ def serve(tiny, directory, submits: list[Submit]) -> dict[str, tuple[list[int], 
             scheduler.on_result(engine.run(scheduler.sampling_rows))
             scheduler.prefix.loaded(engine.prefix.loaded)
             scheduler.stream_pending()
-            for _, message in scheduler.outbox:
+            for _, message in scheduler.requests.outbox:
                 assert not isinstance(message, Error), message
                 if isinstance(message, Delta):
                     tokens += message.token_ids
                 elif isinstance(message, Done):
                     out[message.id] = (tokens, message)
-            scheduler.outbox = []
+            scheduler.requests.outbox = []
         tier.flush()
     return out
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.prefix_cache import HOLD_FOR_TOKENS, PlanOps, PrefixCache
-from engine.prefix_index import PrefixIndex
+from leader.prefix_cache import HOLD_FOR_TOKENS, PlanOps, PrefixCache
+from leader.prefix_index import PrefixIndex
 
 SEQUENCES = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), max_size=8)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from engine.detokenize import IncrementalDecoder, StopFilter, token_bytes
-from engine.sampler import RequestSampler
 from ipc.protocol import SamplingParams
+from leader.detokenize import IncrementalDecoder, StopFilter, token_bytes
+from leader.sampler import RequestSampler
 from tests.support.tiny_models import write_byte_tokenizer
 
 VOCAB = 300

@@ -7,8 +7,8 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from engine.scheduler import Scheduler
 from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from leader.scheduler import Scheduler
 from tests.support.steps import take_step
 from tests.support.tiny_models import write_byte_tokenizer
 
@@ -28,8 +28,8 @@ def submit(request_id: str, prompt: str = "hi", max_tokens: int = 4, **params) -
 
 
 def sent(scheduler: Scheduler) -> list:
-    messages = [message for _, message in scheduler.outbox]
-    scheduler.outbox.clear()
+    messages = [message for _, message in scheduler.requests.outbox]
+    scheduler.requests.outbox.clear()
     return messages
 
 
@@ -39,10 +39,10 @@ def one_hot(rows: list[int], vocab: int = 259) -> mx.array:
 
 def test_refusals_never_reach_a_plan(tokenizer):
     scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=32)
-    scheduler.submit("c", submit("long", "x" * 40, max_tokens=4))
-    scheduler.submit("c", submit("empty", ""))
-    scheduler.submit("c", submit("ok"))
-    scheduler.submit("c", submit("ok"))
+    scheduler.requests.submit("c", submit("long", "x" * 40, max_tokens=4))
+    scheduler.requests.submit("c", submit("empty", ""))
+    scheduler.requests.submit("c", submit("ok"))
+    scheduler.requests.submit("c", submit("ok"))
     errors = {m.id: m.code for m in sent(scheduler) if isinstance(m, Error)}
     assert errors == {"long": "prompt_too_long", "empty": "invalid_request", "ok": "duplicate_id"}
     plan = scheduler.build_plan(BatchEngine(None, 16))
@@ -53,8 +53,8 @@ def test_a_token_past_the_models_embedding_is_refused(tokenizer):
     """A tokenizer that does not match the model's weights gives ids past its embedding
     table, which MLX's gather would read out of bounds: refused, saying so."""
     scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=32, vocab_size=100)
-    scheduler.submit("c", submit("past", "hi"))  # bytes 104 and 105
-    scheduler.submit("c", submit("within", "AB"))  # 65 and 66
+    scheduler.requests.submit("c", submit("past", "hi"))  # bytes 104 and 105
+    scheduler.requests.submit("c", submit("within", "AB"))  # 65 and 66
     errors = {m.id: m for m in sent(scheduler) if isinstance(m, Error)}
     assert list(errors) == ["past"] and errors["past"].code == "internal"
     message = errors["past"].message
@@ -66,18 +66,18 @@ def test_a_token_past_the_models_embedding_is_refused(tokenizer):
 def test_admission_stops_at_max_batch_size(tokenizer):
     scheduler = Scheduler(tokenizer, max_batch_size=2, max_sequence_length=64)
     for i in range(3):
-        scheduler.submit("c", submit(f"r{i}"))
+        scheduler.requests.submit("c", submit(f"r{i}"))
     assert [type(m) for m in sent(scheduler)] == [Started] * 3
     engine = BatchEngine(None, 16)
     plan = scheduler.build_plan(engine)
     engine.apply(plan)
-    assert len(plan.inserts) == 2 and len(scheduler.queue) == 1
+    assert len(plan.inserts) == 2 and len(scheduler.requests.queue) == 1
 
 
 def test_tokens_eos_and_cancel_flow_into_plans(tokenizer):
     scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=64)
-    scheduler.submit("c", submit("a", max_tokens=3))
-    scheduler.submit("c", submit("b", max_tokens=3))
+    scheduler.requests.submit("c", submit("a", max_tokens=3))
+    scheduler.requests.submit("c", submit("b", max_tokens=3))
     sent(scheduler)
     engine = BatchEngine(None, 16)
     engine.apply(scheduler.build_plan(engine))
@@ -91,15 +91,15 @@ def test_tokens_eos_and_cancel_flow_into_plans(tokenizer):
     assert any(isinstance(m, Done) and m.id == "b" and m.finish_reason == "stop" for m in messages)
     plan = scheduler.build_plan(engine)
     assert plan.removes == [seq_b] and plan.tokens == [ord("Z")]
-    scheduler.cancel("c", "a")
+    scheduler.requests.cancel("c", "a")
     (done,) = sent(scheduler)
     assert done.finish_reason == "cancelled" and done.usage.completion_tokens == 1
-    assert scheduler.to_remove == [seq_a]
+    assert scheduler.requests.to_remove == [seq_a]
 
 
 def test_stop_string_cuts_the_text(tokenizer):
     scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=64)
-    scheduler.submit("c", submit("s", max_tokens=10, stop=["cd"]))
+    scheduler.requests.submit("c", submit("s", max_tokens=10, stop=["cd"]))
     sent(scheduler)
     engine = BatchEngine(None, 16)
     engine.apply(scheduler.build_plan(engine))

@@ -94,7 +94,7 @@ def test_cross_field_limit_names_both_variables():
 
 
 def test_the_context_defaults_to_the_models():
-    """Empty MAX_SEQUENCE_LENGTH: rank 0 takes the model's context (engine/context_window.py);
+    """Empty MAX_SEQUENCE_LENGTH: rank 0 takes the model's context (leader/context_window.py);
     a default cap then needs no relation to it."""
     for env in ({}, {"MAX_SEQUENCE_LENGTH": ""}, {"DEFAULT_MAX_TOKENS": "100000"}):
         result = run_config(env)

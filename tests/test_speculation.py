@@ -15,11 +15,11 @@ import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from engine.scheduler import Scheduler
-from engine.spec_rule import StepCosts, acceptance, choose_width
-from engine.speculation import NgramIndex, Speculator
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
+from leader.scheduler import Scheduler
+from leader.spec_rule import StepCosts, acceptance, choose_width
+from leader.speculation import NgramIndex, Speculator
 from tests.support.tiny_models import write_tiny_model
 
 
@@ -49,7 +49,7 @@ def generate(
     scheduler = Scheduler(tokenizer, batch, 512, speculator=speculator)
     engine = BatchEngine(model, 256)
     for submit in submits:
-        scheduler.submit("conn", submit)
+        scheduler.requests.submit("conn", submit)
     tokens: dict[str, list[int]] = {s.id: [] for s in submits}
     done: dict[str, Done] = {}
     while scheduler.has_work(engine):
@@ -57,13 +57,13 @@ def generate(
         engine.apply(plan)
         scheduler.on_result(engine.run(scheduler.sampling_rows))
         scheduler.stream_pending()
-        for _, message in scheduler.outbox:
+        for _, message in scheduler.requests.outbox:
             assert not isinstance(message, Error), message
             if isinstance(message, Delta):
                 tokens[message.id] += message.token_ids
             elif isinstance(message, Done):
                 done[message.id] = message
-        scheduler.outbox = []
+        scheduler.requests.outbox = []
     return {key: (tokens[key], done[key]) for key in tokens}
 
 

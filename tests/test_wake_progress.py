@@ -9,7 +9,7 @@ import threading
 from config.settings import Settings
 from distributed.group import RankIdentity
 from distributed.wake import WakeReceiver, WakeSender
-from engine.leader import Booting
+from leader.booting import Booting
 
 
 def test_progress_lines_reach_rank_0_before_the_ready_reports() -> None:

@@ -50,7 +50,7 @@ _PREFIX_DISK_FAMILIES: Figures = (
 )
 
 
-# Speculative decoding's totals (SpeculationStats, engine/speculation.py), each named
+# Speculative decoding's totals (SpeculationStats, leader/speculation.py), each named
 # "speculation_" + the field.
 _SPECULATION_FAMILIES: Figures = (
     (CounterMetricFamily, "proposed_tokens", "Tokens proposed (prompt lookup and draft)"),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engine.batch_engine import StepResult
 from engine.batch_sampler import sample
-from engine.scheduler import Scheduler
+from engine.step_plan import StepResult
+from leader.scheduler import Scheduler
 
 
 def take_step(scheduler: Scheduler, seq_ids: list[int], logits: mx.array) -> None:

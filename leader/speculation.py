@@ -6,8 +6,8 @@ next token: first by prompt lookup, the continuation of the latest earlier place
 row's last n tokens (n from NGRAM_MAX down to NGRAM_MIN) occurred in its prompt or answer
 (edits and tool arguments repeat their input, so such places are common; it costs nothing).
 Where prompt lookup proposes nothing for a row and DRAFT_MODEL is set, the draft model
-proposes its greedy continuation (engine/draft_model.py, on rank 0 alone); the per-step
-rule counts its forwards in the step's cost (engine/spec_rule.py). The proposals travel in the step
+proposes its greedy continuation (leader/draft_model.py, on rank 0 alone); the per-step
+rule counts its forwards in the step's cost (leader/spec_rule.py). The proposals travel in the step
 plan; every rank runs one forward over each row's next token and its proposals
 (engine/batch_engine.py), and rank 0 samples every position as if it were the next token:
 position j with the key of the request's (drawn + j)-th token.
@@ -39,9 +39,10 @@ from typing import Any
 from mlx_lm.models.cache import KVCache
 
 from engine.batch_sampler import RowSampling
-from engine.draft_model import DraftModel
-from engine.spec_rule import StepCosts, acceptance, choose_width
 from ipc.status import SpeculationStats
+from leader.draft_model import DraftModel
+from leader.request import Request
+from leader.spec_rule import Figures, StepCosts, acceptance, choose_width
 
 log = logging.getLogger("ring.speculation")
 
@@ -76,26 +77,7 @@ class NgramIndex:
         return []
 
 
-@dataclass
-class Figures:
-    """Proposed and accepted tokens, and the decode steps that took them."""
-
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0  # steps that gave this row (or the cluster) tokens
-    tokens: int = 0  # tokens those steps gave
-    rejections: int = 0  # steps whose proposals were not all accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.tokens / self.steps if self.steps else 0.0
-
-
-def can_speculate(request: Any) -> bool:
+def can_speculate(request: Request) -> bool:
     """Whether a request's position j samples without the tokens before it: no penalties,
     grammar or logprobs."""
     params = request.submit.params
@@ -148,7 +130,7 @@ class Speculator:
             draft_accepted_tokens=self.draft_totals.accepted,
         )
 
-    def drafts(self, seq_ids: list[int], requests: dict[int, Any]) -> list[list[int]]:
+    def drafts(self, seq_ids: list[int], requests: dict[int, Request]) -> list[list[int]]:
         """The proposals of the next step's decode rows (all empty: none this step)."""
         self._drafts, self._drafted = {}, set()
         for gone in [s for s in self._index if s not in requests]:
@@ -173,7 +155,7 @@ class Speculator:
             out.append(draft)
         counts = [asks[row][1] if row in asks else len(d) for row, d in enumerate(out)]
         width = 1 + self.tokens
-        if any(counts) and self.rule:  # how wide a step pays (engine/spec_rule.py)
+        if any(counts) and self.rule:  # how wide a step pays (leader/spec_rule.py)
             rates = [self._rate(requests.get(seq_id)) for seq_id in seq_ids]
             ms = self.draft.token_ms if self.draft is not None else 0.0
             making = [ms if row in asks else 0.0 for row in range(len(out))]
@@ -202,7 +184,7 @@ class Speculator:
         self.draft = None
 
     @staticmethod
-    def _rate(request: Any) -> float:
+    def _rate(request: Request | None) -> float:
         figures = request.speculation if request is not None else Figures()
         return acceptance(figures.accepted, figures.rejections)
 
@@ -214,17 +196,17 @@ class Speculator:
         self._drops = {}
         return drops if any(drops) else []
 
-    def sampling(self, seq_id: int, width: int, request: Any) -> list[RowSampling]:
+    def sampling(self, seq_id: int, width: int, request: Request | None) -> list[RowSampling]:
         """How to sample a row's positions after its first in a step `width` wide: its
         draft's with the keys of the request's later tokens, the padding after them
         greedily (what it samples is never read)."""
-        drafted = len(self._drafts.get(seq_id, ()))
         if request is None or request.finished:
-            drafted = 0
+            return [RowSampling()] * (width - 1)
+        drafted = len(self._drafts.get(seq_id, ()))
         rows = [request.sampler.row(offset) for offset in range(1, 1 + drafted)]
         return rows + [RowSampling()] * (width - 1 - drafted)
 
-    def accept(self, seq_id: int, drawn: list[int], request: Any) -> int:
+    def accept(self, seq_id: int, drawn: list[int], request: Request | None) -> int:
         """How many of a row's sampled positions it takes: the proposals equal to what the
         position before sampled, and one more. The rest roll back at the next plan."""
         draft = self._drafts.get(seq_id, [])
@@ -241,13 +223,13 @@ class Speculator:
             self.draft_totals.accepted += kept
         return kept + 1
 
-    def count(self, request: Any, taken: int) -> None:
+    def count(self, request: Request | None, taken: int) -> None:
         """A decode step gave `request` `taken` tokens."""
         for figures in self._figures(request):
             figures.steps += 1
             figures.tokens += taken
 
-    def _figures(self, request: Any) -> list[Figures]:
+    def _figures(self, request: Request | None) -> list[Figures]:
         return [self.totals] + ([request.speculation] if request is not None else [])
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine.batch_sampler import RowSampling, sample, token_seed
-from engine.constraints import TokenConstraint
-from engine.sampling_defaults import SamplingDefaults
 from ipc.protocol import SamplingParams
+from leader.constraints import TokenConstraint
+from leader.sampling_defaults import SamplingDefaults
 
 
 @dataclass
@@ -48,7 +48,7 @@ class RequestSampler:
 
     def row(self, offset: int = 0) -> RowSampling:
         """How to sample this request's next token (with `offset`, the token that many
-        after it: a speculative step's later positions, engine/speculation.py)."""
+        after it: a speculative step's later positions, leader/speculation.py)."""
         p = self.params
         return RowSampling(
             temperature=p.temperature or 0.0,

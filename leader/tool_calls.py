@@ -3,7 +3,7 @@ call block, and streaming a grammar-forced call as OpenAI-style argument pieces.
 
 Native formats come from mlx-lm's tokenizer (it infers the family's markers and parser
 from the chat template). Models without one use the fallback format the fallback prompt
-teaches (engine/chat_prompt.py): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
+teaches (leader/chat_prompt.py): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
 the Hermes/Qwen format many models were trained on.
 """
 

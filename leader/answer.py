@@ -9,12 +9,13 @@ grammar-constrained JSON (all answer text).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from engine.channels import ChannelSplitter, Markers, Split
-from engine.detokenize import IncrementalDecoder, StopFilter
-from engine.tool_calls import FALLBACK_FORMAT, ForcedCallStream, ToolFormat, parse_calls
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 from ipc.protocol import ToolCallDelta, ToolSpec
+from leader.channels import ChannelSplitter, Markers, Split
+from leader.detokenize import IncrementalDecoder, StopFilter
+from leader.tool_calls import FALLBACK_FORMAT, ForcedCallStream, ToolFormat, parse_calls
 
 
 @dataclass
@@ -79,7 +80,7 @@ class AnswerShape:
 class AnswerStream:
     """Feeds tokens through the decoder, the stop filter and the channels."""
 
-    def __init__(self, tokenizer: Any, stops: list[str], shape: AnswerShape) -> None:
+    def __init__(self, tokenizer: TokenizerWrapper, stops: list[str], shape: AnswerShape) -> None:
         self.decoder = IncrementalDecoder(tokenizer)
         self.stops = StopFilter(stops)
         self.shape = shape

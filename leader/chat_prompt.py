@@ -14,8 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.tool_calls import FALLBACK_FORMAT, ToolFormat, tool_dict
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 from ipc.protocol import ChatMessage, Submit, ToolSpec
+from leader.tool_calls import FALLBACK_FORMAT, ToolFormat, tool_dict
 
 PROBE_TOOL = ToolSpec(name="probe_7f3a_tool", description="probe")
 
@@ -66,7 +68,7 @@ class Rendered:
 class ChatPrompt:
     """Renders chats for one tokenizer; knows its tool format and thinking markers."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: TokenizerWrapper) -> None:
         self.tokenizer = tokenizer
         native = bool(getattr(tokenizer, "has_tool_calling", False)) and self._shows_tools()
         if native:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from config.settings import Settings
 from ipc.protocol import SamplingParams
 
 log = logging.getLogger("ring.scheduler")
@@ -34,7 +35,7 @@ class SamplingDefaults:
     source: str = "settings"
 
     @classmethod
-    def load(cls, model_dir: Path | None, settings: Any) -> SamplingDefaults:
+    def load(cls, model_dir: Path | None, settings: Settings) -> SamplingDefaults:
         """DEFAULT_TEMPERATURE and friends, overridden by what generation_config.json in
         `model_dir` says (do_sample false means greedy)."""
         base = cls(

@@ -10,7 +10,7 @@ prompt's first catch-up; a row that needs more than one chunk proposes from the 
 on, so one step never stalls the ranks for more than one chunk of the draft). The last
 forward's logits give the first proposal; each further one takes one more forward of the
 proposal before it, so k proposals cost k forwards. Proposals are the draft's argmax (a
-point mass), so acceptance (engine/speculation.py) stays exact for greedy and sampled rows.
+point mass), so acceptance (leader/speculation.py) stays exact for greedy and sampled rows.
 
 Rows draft one at a time (batch 1). Batching rows of different history lengths would need
 the batch engine's padded caches and per-row rollback (engine/batch_caches.py); the rows
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
 from acquisition.source import ModelSourceError, resolve_model
@@ -64,7 +66,7 @@ def resolve_draft(settings: Settings) -> Path:
         raise DraftError(prefix + text) from None
 
 
-def tokenizer_difference(served: Any, draft: Any) -> str | None:
+def tokenizer_difference(served: TokenizerWrapper, draft: TokenizerWrapper) -> str | None:
     """How the draft's tokenizer differs from the served model's: None where they agree on
     every token's id and the end-of-text and beginning-of-text ids."""
     ours, theirs = served.get_vocab(), draft.get_vocab()
@@ -145,14 +147,18 @@ class DraftModel:
             self.token_ms += AVERAGE * (ms - self.token_ms) if self.token_ms else ms
         return token
 
-    def forget(self, keep: Any) -> None:
+    def forget(self, keep: Container[int]) -> None:
         """Drop the caches of rows not in `keep` (they left the batch)."""
         for seq_id in [s for s in self.rows if s not in keep]:
             del self.rows[seq_id]
 
 
 def load_draft(
-    settings: Settings, served_tokenizer: Any, vocab: int, served_name: str, chunk: int = CHUNK
+    settings: Settings,
+    served_tokenizer: TokenizerWrapper,
+    vocab: int,
+    served_name: str,
+    chunk: int = CHUNK,
 ) -> DraftModel:
     """DRAFT_MODEL loaded on this rank, checked against the served model's tokenizer and
     timed once (its one-token forward, the per-step rule's first figure); DraftError with

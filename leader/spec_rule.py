@@ -9,7 +9,7 @@ proposals are each accepted with probability a (given the ones before were) and 
 proposes d of them gains a + a^2 + ... + a^d tokens on average. Each step rank 0 picks the
 width W (1: no speculation) that maximises (B + gains) / cost(B x W); rows propose at most
 W - 1 tokens. With a full batch the rows alone fill the step's products and W = 1 wins
-unless acceptance is high. Proposals from a draft model (engine/draft_model.py) are not
+unless acceptance is high. Proposals from a draft model (leader/draft_model.py) are not
 free: each costs rank 0 one forward of the draft before the step (its measured time), so a
 row the draft proposes d tokens for adds d of those to the step's cost.
 
@@ -26,11 +26,31 @@ host's few-row kernel takes up to 16 rows, and nothing beyond was measured.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 PRIOR_MS = {1: 72.0, 2: 75.0, 4: 87.0, 8: 138.0, 16: 217.0}
 EAGER = 1.07
 MAX_ROWS = 16
 AVERAGE = 0.2  # weight of a new measurement in the running average
+
+
+@dataclass
+class Figures:
+    """Proposed and accepted tokens, and the decode steps that took them."""
+
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0  # steps that gave this row (or the cluster) tokens
+    tokens: int = 0  # tokens those steps gave
+    rejections: int = 0  # steps whose proposals were not all accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
 
 
 def _prior(rows: int) -> float:

@@ -1,39 +1,34 @@
-"""Rank 0: socket events -> scheduler -> one step plan per step -> every rank; results -> messages.
+"""Rank 0's step loop: socket events -> scheduler -> one step plan per step -> every rank;
+results -> messages.
 
-`Booting` answers status while the model loads; `Leader` is built only once the model,
-tokenizer, scheduler and batch engine exist, so none of its fields is ever missing.
-Rank 0 alone decides each step and broadcasts it; idle ranks sleep on the wake channel.
+`Leader` is built only once the model, tokenizer, scheduler and batch engine exist, so none
+of its fields is ever missing (leader/booting.py answers until then). Rank 0 alone decides
+each step and broadcasts it; idle ranks sleep on the wake channel.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from config.settings import Settings
 from distributed.broadcast import Broadcaster
+from distributed.exits import EXIT_PEER_GONE, die
 from distributed.group import RankIdentity
 from distributed.loader import ModelInfo
 from distributed.profile import CollectiveProfiler
 from distributed.wake import WakeSender
 from engine.batch_engine import BatchEngine
 from engine.cpu_attention import on_cpu_backend
-from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan, step_width
-from ipc.server import Event, SocketServer
-from ipc.status import Counters, LoadProgress, RankState, RankStatus, Status
+from ipc.events import Cancelled, Closed, Event, ShutdownAsked, Submitted
+from ipc.server import SocketServer
+from ipc.status import Counters, RankState, RankStatus, Status
+from leader.burst import gather_burst
+from leader.scheduler import Scheduler
 
-EXIT_PEER_GONE = 5
-# Requests of one burst reach rank 0 a few ms apart (8 clients sending at once here: the
-# API saw the last 3-17 ms after the first), while a step that takes only those already
-# there prefills them for 0.3-1 s before the rest can start. A request that finds the
-# cluster idle therefore waits for the next one up to BURST_GAP_S, and for all of them
-# up to BURST_WINDOW_MS, so a burst prefills in one forward.
-BURST_GAP_S = 0.005
 log = logging.getLogger("ring")
 # What status reports of the model config (the rest is in /model/info's facts).
 CONFIG_KEYS = (
@@ -44,64 +39,6 @@ CONFIG_KEYS = (
     "num_key_value_heads",
     "vocab_size",
 )
-
-
-def die(code: int, message: str, level: int = logging.ERROR) -> None:
-    """Log one line and end the process now (threads blocked in MLX cannot be joined)."""
-    log.log(level, message)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os._exit(code)
-
-
-def gather_burst(
-    events: queue.Queue[Event],
-    handle: Callable[[Event], None],
-    window_s: float,
-    gap_s: float = BURST_GAP_S,
-) -> int:
-    """Handle the events that follow, each within `gap_s` of the last, for at most
-    `window_s` in all; the number of submits among them."""
-    deadline = time.monotonic() + window_s
-    submits = 0
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            event = events.get(timeout=min(gap_s, left))
-        except queue.Empty:
-            break
-        handle(event)
-        submits += event.kind == "submit"
-    return submits
-
-
-@dataclass
-class Booting:
-    """Rank 0 before its model is loaded: status says loading (with every rank's progress
-    as far as it reported it), submits are refused."""
-
-    settings: Settings
-    ident: RankIdentity
-    started: float = field(default_factory=time.monotonic)
-    state: RankState = RankState.LOADING
-    progress: dict[int, LoadProgress] = field(default_factory=dict)
-
-    def on_progress(self, rank: int, done: int, total: int) -> None:
-        """Any thread: rank `rank` has materialized `done` of its `total` layers."""
-        self.progress = self.progress | {rank: LoadProgress(rank=rank, done=done, total=total)}
-
-    def status(self) -> Status:
-        model = self.settings.model or "the default model"
-        return Status(
-            state=self.state,
-            reason=f"loading {model} on {self.ident.world_size} rank(s)",
-            model_id=self.settings.model,
-            backend=self.ident.backend,
-            world_size=self.ident.world_size,
-            max_batch_size=self.settings.max_batch_size,
-            max_sequence_length=self.settings.max_sequence_length or 0,
-            uptime_s=time.monotonic() - self.started,
-            loading=[self.progress[rank] for rank in sorted(self.progress)],
-        )
 
 
 @dataclass(kw_only=True, eq=False)
@@ -147,15 +84,15 @@ class Leader:
             world_size=self.ident.world_size,
             plan=self.info.plan.model_dump(mode="json"),
             ranks=self.ranks,
-            active_requests=self.scheduler.client_rows,
-            queued_requests=len(self.scheduler.queue),
+            active_requests=self.scheduler.requests.client_rows,
+            queued_requests=len(self.scheduler.requests.queue),
             max_batch_size=self.settings.max_batch_size,
             last_step_ms=self.last_step_ms,
             counters=self.counters.model_copy(),
             kv_tokens=self.engine.kv_tokens,
             prefix_cache=self.scheduler.prefix.stats(),
             speculation=self.scheduler.speculator.stats(),
-            max_sequence_length=self.scheduler.max_sequence_length,
+            max_sequence_length=self.scheduler.requests.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
         )
 
@@ -167,16 +104,17 @@ class Leader:
     # ---- events ------------------------------------------------------------------
 
     def _handle(self, event: Event) -> None:
-        if event.kind == "submit":
-            self.scheduler.submit(event.conn, event.message)
-        elif event.kind == "cancel":
-            self.scheduler.cancel(event.conn, event.message.id)
-        elif event.kind == "closed":
-            self.scheduler.connection_closed(event.conn)
-        elif event.kind == "shutdown":
-            if self.state != RankState.STOPPING:
-                log.info("shutdown requested; stopping every rank")
-            self.state = RankState.STOPPING
+        match event:
+            case Submitted(conn, submit):
+                self.scheduler.requests.submit(conn, submit)
+            case Cancelled(conn, request_id):
+                self.scheduler.requests.cancel(conn, request_id)
+            case Closed(conn):
+                self.scheduler.requests.connection_closed(conn)
+            case ShutdownAsked():
+                if self.state != RankState.STOPPING:
+                    log.info("shutdown requested; stopping every rank")
+                self.state = RankState.STOPPING
 
     def _stream(self) -> None:
         """Turn the tokens taken so far into messages and send them."""
@@ -184,9 +122,9 @@ class Leader:
         self._flush()
 
     def _flush(self) -> None:
-        if self.scheduler.outbox:
-            self.socket.send(self.scheduler.outbox)
-            self.scheduler.outbox = []
+        if self.scheduler.requests.outbox:
+            self.socket.send(self.scheduler.requests.outbox)
+            self.scheduler.requests.outbox = []
 
     def _wake_workers(self) -> None:
         if self.sleeping and self.wake is not None:
@@ -203,7 +141,8 @@ class Leader:
         self.sleeping = plan.sleep or plan.stop
         self.broadcaster.broadcast(plan.encode())
         if not plan.stop:
-            self.engine.apply(plan)
+            loaded = self.engine.apply(plan)
+            self.scheduler.prefix.loaded(loaded)  # the disk loads, as the ranks voted
 
     # ---- the step loop -----------------------------------------------------------
 
@@ -218,12 +157,12 @@ class Leader:
                 try:
                     event = events.get(timeout=self._keep_warm_wait())
                 except queue.Empty:
-                    scheduler.keep_warm()
+                    scheduler.requests.keep_warm()
                     continue
-                if event.kind == "submit":
+                if isinstance(event, Submitted):
                     self._wake_workers()  # their wake-up overlaps with tokenizing the prompt
                 self._handle(event)
-                if event.kind == "submit":
+                if isinstance(event, Submitted):
                     self._gather_burst()
             while True:
                 try:
@@ -232,7 +171,7 @@ class Leader:
                     break
             if self.state == RankState.STOPPING:
                 scheduler.stream_pending()
-                scheduler.cancel_all()
+                scheduler.requests.cancel_all()
                 self._flush()
                 self._send(scheduler.idle_plan(engine, stop=True))
                 return
@@ -255,7 +194,6 @@ class Leader:
         if not plan.inserts and engine.size == len(set(plan.removes)):
             plan.sleep = True
         self._send(plan)
-        scheduler.prefix.loaded(engine.prefix.loaded)  # the disk loads, as the ranks voted
         if plan.sleep:
             engine.advance_idle()
             self._stream()
@@ -277,10 +215,9 @@ class Leader:
         accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
         width = step_width(plan.drafts)
         if plan.tokens and not result.prefill_tokens:  # a decode step: the rule's costs
-            eager = engine.compiled is None or not engine.compiled.enabled
             ms = (launched - streamed_first + computed - streamed) * 1000
-            scheduler.speculator.costs.observe(len(plan.tokens) * width, eager, ms)
-        scheduler.prefix.bytes = engine.prefix.nbytes
+            scheduler.speculator.costs.observe(len(plan.tokens) * width, result.eager, ms)
+        scheduler.prefix.bytes = result.prefix_bytes
         self.counters.steps += 1
         self.counters.decode_tokens += len(plan.tokens) + accepted
         self.counters.prefill_tokens += result.prefill_tokens
@@ -292,7 +229,7 @@ class Leader:
             # step's decode part counts as rows x positions (skipping those steps starved
             # a 32K-token prompt beside 4 speculating answers: no credit in 300 s)
             scheduler.prefill_budget.observe(
-                len(plan.tokens) * width, engine.last_prefill, self.last_step_ms
+                len(plan.tokens) * width, result.prefill_forwards, self.last_step_ms
             )
         if log.isEnabledFor(logging.DEBUG):
             after = (self.broadcaster.collective_seconds, self._forward_collectives())

@@ -15,10 +15,10 @@ import logging
 from dataclasses import dataclass, field
 
 from engine.prefix_disk import token_key
-from engine.prefix_disk_index import DiskIndex
-from engine.prefix_index import PrefixIndex
 from engine.step_plan import Insert, Store
 from ipc.status import PrefixCacheStats
+from leader.prefix_disk_index import DiskIndex
+from leader.prefix_index import PrefixIndex
 
 log = logging.getLogger("ring.prefix")
 # A queued request waits for a prefix that a prefilling request is about to store when

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine.detokenize import partial_marker
+from leader.detokenize import partial_marker
 
 Channel = Literal["content", "reasoning", "tool"]
 

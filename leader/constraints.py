@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ipc.protocol import OutputFormat, ToolChoice, ToolSpec
 
@@ -118,7 +119,7 @@ class TokenConstraint:
 class GrammarTokens:
     """llguidance's tokenizer info for the served model; immutable, built once."""
 
-    def __init__(self, tokenizer: Any, n_vocab: int, eos_ids: Iterable[int]) -> None:
+    def __init__(self, tokenizer: TokenizerWrapper, n_vocab: int, eos_ids: Iterable[int]) -> None:
         if llguidance is None:
             raise RuntimeError(f"llguidance is not installed ({_IMPORT_ERROR})")
         started = time.perf_counter()
@@ -131,7 +132,9 @@ class GrammarTokens:
         self.build_seconds = time.perf_counter() - started
 
     @classmethod
-    def build(cls, tokenizer: Any, n_vocab: int, eos_ids: Iterable[int]) -> GrammarTokens | None:
+    def build(
+        cls, tokenizer: TokenizerWrapper, n_vocab: int, eos_ids: Iterable[int]
+    ) -> GrammarTokens | None:
         """Build and log it; None (logged) when llguidance is missing or cannot read the
         tokenizer: constrained requests are then refused with the reason."""
         try:

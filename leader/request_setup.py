@@ -8,19 +8,20 @@ raised as a `Refusal` that names the field: the request never reaches the ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from engine.answer import AnswerShape
-from engine.channels import Markers
-from engine.chat_prompt import ChatPrompt, forced_call, offered_tools
-from engine.constraints import (
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from ipc.protocol import ErrorCode, Submit
+from leader.answer import AnswerShape
+from leader.channels import Markers
+from leader.chat_prompt import ChatPrompt, forced_call, offered_tools
+from leader.constraints import (
     GrammarTokens,
     TokenConstraint,
     UnsupportedSchema,
     output_schema,
     tool_call_schema,
 )
-from ipc.protocol import ErrorCode, Submit
 
 
 class Refusal(Exception):
@@ -43,7 +44,10 @@ class RequestSetup:
     """Rank 0's per-tokenizer tools for setting requests up."""
 
     def __init__(
-        self, tokenizer: Any, grammar: GrammarTokens | None, vocab_size: int | None = None
+        self,
+        tokenizer: TokenizerWrapper,
+        grammar: GrammarTokens | None,
+        vocab_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat = ChatPrompt(tokenizer)

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from engine.answer import AnswerStream, Piece
-from engine.constraints import TokenConstraint
-from engine.detokenize import token_bytes
-from engine.sampler import RequestSampler, Sample
-from engine.speculation import Figures
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from ipc.events import ConnectionId
 from ipc.protocol import (
     Delta,
     Done,
@@ -30,6 +28,11 @@ from ipc.protocol import (
     TopLogprob,
     Usage,
 )
+from leader.answer import AnswerStream, Piece
+from leader.constraints import TokenConstraint
+from leader.detokenize import token_bytes
+from leader.sampler import RequestSampler, Sample
+from leader.spec_rule import Figures
 
 # Why a request ends without looking at its text: EOS, its grammar complete, or max_tokens.
 Ending = Literal["eos", "grammar", "length"]
@@ -39,7 +42,7 @@ Ending = Literal["eos", "grammar", "length"]
 class Request:
     """One request's state on rank 0."""
 
-    conn: Any
+    conn: ConnectionId
     id: str
     seq_id: int
     prompt: list[int]
@@ -75,7 +78,7 @@ class Request:
         return None
 
     def stream(
-        self, sample: Sample, ending: Ending | None, tokenizer: Any
+        self, sample: Sample, ending: Ending | None, tokenizer: TokenizerWrapper
     ) -> tuple[list[Delta | Done], bool]:
         """The messages for a taken token, and whether a stop string (or a finished tool
         block) ends the request here though `take` did not."""
@@ -148,7 +151,7 @@ class Request:
         )
 
 
-def _logprob(tokenizer: Any, sample: Sample) -> TokenLogprob:
+def _logprob(tokenizer: TokenizerWrapper, sample: Sample) -> TokenLogprob:
     def piece(token: int) -> tuple[str, list[int]]:
         return tokenizer.decode([token]), list(token_bytes(tokenizer, token))
 

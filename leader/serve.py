@@ -1,0 +1,195 @@
+"""Rank 0's whole service once its model is loaded: the tokenizer, every rank's ready
+report, the prefix cache's policy, speculation, the context, the sampling defaults and the
+scheduler, composed into the Leader, which runs the step loop until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+
+from config.settings import Settings
+from distributed.exits import EXIT_PEER_GONE, die, peer_lost
+from distributed.loader import ModelInfo
+from distributed.runtime import RankRuntime
+from distributed.wake import WakeError, WakeSender
+from engine.build import LoadedRank
+from engine.prefix_store import PrefixStore, budget_tokens
+from ipc.status import RankStatus
+from leader.booting import Boot
+from leader.constraints import GrammarTokens
+from leader.context_window import choose_context
+from leader.draft_model import DraftError, DraftModel, load_draft
+from leader.loop import Leader
+from leader.prefill_budget import PrefillBudget
+from leader.prefix_cache import PrefixCache
+from leader.prefix_disk_index import DiskIndex
+from leader.sampling_defaults import SamplingDefaults
+from leader.scheduler import Scheduler
+from leader.speculation import Speculator, rollback_refusal
+
+log = logging.getLogger("ring")
+
+
+def serve_leader(
+    settings: Settings,
+    runtime: RankRuntime,
+    boot: Boot,
+    loaded: LoadedRank,
+    mine: RankStatus,
+    wake: WakeSender | None,
+    ready_reports: Callable[[], list[dict[str, Any]]],
+) -> int:
+    """Compose rank 0's side over its engine (`mine`: its own status; `ready_reports`: the
+    workers', waited for here) and run it; the exit status."""
+    info, ident = loaded.info, runtime.ident
+    tokenizer = load_tokenizer(info.path)
+    try:
+        reports = ready_reports()
+    except WakeError as exc:
+        die(EXIT_PEER_GONE, str(exc))
+    ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
+    scheduler = _scheduler(settings, loaded, ranks, tokenizer)
+    leader = Leader(
+        settings=settings,
+        ident=ident,
+        socket=boot.socket,
+        events=boot.events,
+        info=info,
+        ranks=ranks,
+        scheduler=scheduler,
+        engine=loaded.engine,
+        broadcaster=runtime.broadcaster,
+        wake=wake,
+        profiler=runtime.profiler,
+        started=boot.booting.started,
+    )
+    if wake is not None:
+        wake.watch(leader.rank_lost)
+    boot.socket.reporter = leader
+    log.info(
+        "ready: %s on %d rank(s); socket %s", info.model_id, ident.world_size, settings.socket_path
+    )
+    try:
+        leader.run()
+    except RuntimeError as exc:
+        if not peer_lost(exc):
+            raise
+        die(EXIT_PEER_GONE, f"a collective failed ({exc}): a worker rank is gone; stopping")
+    boot.socket.close()
+    log.info("stopped")
+    return 0
+
+
+def _scheduler(
+    settings: Settings, loaded: LoadedRank, ranks: list[RankStatus], tokenizer: TokenizerWrapper
+) -> Scheduler:
+    """The scheduler and every policy it holds, each logged as it is decided."""
+    model, info = loaded.model, loaded.info
+    prefix = PrefixCache(
+        budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks]),
+        disk=_disk_index(settings, loaded.engine.prefix, ranks),
+    )
+    log.info(
+        "prefix cache: %s",
+        f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
+    )
+    speculator = _speculator(settings, model, info, tokenizer)
+    draft = speculator.draft
+    context = choose_context(
+        settings.max_sequence_length,
+        info.config,
+        ranks,
+        settings.max_batch_size,
+        (draft.weight_bytes, draft.kv_bytes_per_token) if draft else (0, 0),
+    )
+    log.info("context: %s", context.why)
+    defaults = SamplingDefaults.load(info.path, settings)
+    vocab_size = info.config.get("vocab_size")  # the embedding's rows
+    log.info("sampling defaults: %s", defaults.describe())
+    scheduler = Scheduler(
+        tokenizer,
+        settings.max_batch_size,
+        context.tokens,
+        prefix,
+        grammar=GrammarTokens.build(
+            tokenizer, vocab_size or len(tokenizer), tokenizer.eos_token_ids
+        ),
+        defaults=defaults,
+        vocab_size=vocab_size,
+        speculator=speculator,
+        prefill_budget=PrefillBudget(settings.prefill_chunk_size, settings.prefill_slowdown)
+        if settings.prefill_slowdown
+        else None,
+    )
+    log.info("chat prompt: %s", scheduler.requests.setup.chat.describe())
+    return scheduler
+
+
+def _speculator(
+    settings: Settings,
+    model: Callable[..., mx.array],
+    info: ModelInfo,
+    tokenizer: TokenizerWrapper,
+) -> Speculator:
+    """Rank 0's prompt lookup (SPECULATIVE, SPEC_TOKENS) and draft model (DRAFT_MODEL),
+    off with the reason where the caches cannot roll back a rejected proposal."""
+    if settings.speculative == "off":
+        log.info("speculation: off (SPECULATIVE=off)")
+        return Speculator(0)
+    rule = settings.speculative == "auto"
+    refusal = rollback_refusal(make_prompt_cache(model), info.plan.shape.sliding_layers)
+    if refusal is not None:
+        log.warning("speculation: off for this model: %s", refusal)
+        return Speculator(settings.spec_tokens, refusal, rule=rule)
+    draft, why = _draft(settings, info, tokenizer)
+    log.info(
+        "speculation: prompt lookup%s, up to %d tokens a row (SPECULATIVE=%s)",
+        f", else draft model {draft.name}" if draft is not None else "",
+        settings.spec_tokens,
+        settings.speculative,
+    )
+    return Speculator(settings.spec_tokens, None, rule=rule, draft=draft, draft_reason=why)
+
+
+def _draft(
+    settings: Settings, info: ModelInfo, tokenizer: TokenizerWrapper
+) -> tuple[DraftModel | None, str]:
+    """DRAFT_MODEL on rank 0 (None: unset or refused, with the reason: the server then
+    serves with prompt lookup alone; leader/draft_model.py)."""
+    if not settings.draft_model.strip():
+        return None, ""
+    started = time.perf_counter()
+    vocab = info.config.get("vocab_size") or len(tokenizer)
+    try:
+        draft = load_draft(settings, tokenizer, vocab, info.model_id)
+    except DraftError as exc:
+        log.warning("draft model refused: %s. Speculation uses prompt lookup alone", exc)
+        return None, str(exc)
+    log.info(
+        "draft model: %s on rank 0, %.1f MiB of weights, loaded in %.1f s; %.1f ms a proposal",
+        draft.name,
+        draft.weight_bytes / 2**20,
+        time.perf_counter() - started,
+        draft.token_ms,
+    )
+    return draft, ""
+
+
+def _disk_index(
+    settings: Settings, store: PrefixStore, ranks: list[RankStatus]
+) -> DiskIndex | None:
+    """Rank 0's index of the entries on disk: PREFIX_CACHE_DISK_BYTES in the tokens of the
+    rank that keeps the most bytes a token."""
+    widest = max(r.kv_bytes_per_token for r in ranks)
+    if store.disk is None or store.disk.broken or widest <= 0:
+        return None
+    index = DiskIndex(store.disk.directory, settings.prefix_disk[1] // widest)
+    log.info("prefix cache on disk: %s, %d tokens", store.disk.directory, index.budget_tokens)
+    return index
