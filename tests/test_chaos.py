@@ -53,8 +53,8 @@ from tests.support.chaos import (
     wait_ready_again,
     waited_and_succeeded,
 )
+from tests.support.project import Project, copy_project, setting_names
 from tests.support.soak import soak
-from tests.test_launch import Project, _setting_names, copy_project
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -108,7 +108,7 @@ class Chaos:
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.upper() not in _setting_names() | {"ENV_FILE"}}
+    return {k: v for k, v in os.environ.items() if k.upper() not in setting_names() | {"ENV_FILE"}}
 
 
 @pytest.fixture(scope="module")

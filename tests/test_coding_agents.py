@@ -7,7 +7,7 @@ with max_tokens 32000). Each completes a turn with a tool call in it: the call r
 agent in its own API, the agent runs it (reads a file), the result comes back in the next
 request and the turn ends, exit status 0.
 
-The random model would never pick a tool: tests/support/agent_proxy.py forces the first
+The random model would never pick a tool: bench/agent_proxy.py forces the first
 call by tool_choice (a grammar-forced call; the issue allows it: what is tested is the
 protocol). Every other byte is the agent's own.
 """
@@ -15,38 +15,29 @@ protocol). Every other byte is the agent's own.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from bench.agent_proxy import AgentProxy, ForcedCall
+from bench.agents import BIN, AgentMissing, Session, binary
+from bench.agents import run as run_session
 from launcher.local_cluster import Cluster
-from tests.support.agent_proxy import AgentProxy, ForcedCall
 from tests.support.api_server import running_api, wait_ready
 from tests.support.long_context_model import REPLY, write_long_context_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-BIN = Path(__file__).parent / "agents" / "node_modules" / ".bin"
 MARKER = "the-ring-file-says-4711"
-QUIET = {  # no update checks, telemetry or error reports: the machine has no network
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "OPENCODE_DISABLE_AUTOUPDATE": "1",
-    "NO_COLOR": "1",
-}
 
 
-def agent(name: str) -> Path:
-    path = BIN / name
-    if not path.exists():
-        pytest.skip(f"{name} is not installed: run scripts/setup_agents.sh (needs npm)")
-    return path
+def installed(name: str) -> None:
+    try:
+        binary(name)
+    except AgentMissing as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +62,11 @@ def project(tmp_path):
     return root
 
 
-def run_agent(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "OPENAI"))}
-    started = time.monotonic()
-    done = subprocess.run(
-        argv,
-        cwd=cwd,
-        env={**clean, **QUIET, "PWD": str(cwd), **env},  # opencode reads its directory from PWD
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    print(f"{Path(argv[0]).name}: exit {done.returncode} in {time.monotonic() - started:.1f} s")
+def run_agent(
+    agent: str, ask: str, cwd: Path, home: Path, base_url: str, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    installed(agent)
+    done = run_session(Session(agent, cwd, home, ask), base_url, extra)
     assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     return done
 
@@ -99,15 +82,9 @@ def check_round_trip(proxy: AgentProxy, path: str, tool: str) -> None:
 def test_claude_code_reads_a_file(api, project, tmp_path):
     proxy = AgentProxy(api.base_url, ForcedCall("Read", {"file_path": str(project / "hello.txt")}))
     try:
-        done = run_agent(
-            [str(agent("claude")), "-p", "What does hello.txt say?", "--allowedTools", "Read"],
-            project,
-            {
-                "HOME": str(tmp_path),
-                "ANTHROPIC_BASE_URL": proxy.base_url,
-                "ANTHROPIC_API_KEY": "unused",
-            },
-        )
+        ask = "What does hello.txt say?"
+        extra = ("--allowedTools", "Read")
+        done = run_agent("claude", ask, project, tmp_path, proxy.base_url, extra)
     finally:
         proxy.close()
     check_round_trip(proxy, "/v1/messages", "Read")
@@ -118,25 +95,9 @@ def test_claude_code_reads_a_file(api, project, tmp_path):
 
 def test_codex_runs_a_shell_command(api, project, tmp_path):
     proxy = AgentProxy(api.base_url, ForcedCall("exec_command", {"cmd": "cat hello.txt"}))
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        'model = "default"\nmodel_provider = "ring"\n[model_providers.ring]\nname = "ring"\n'
-        f'base_url = "{proxy.base_url}/v1"\nwire_api = "responses"\nenv_key = "RING_KEY"\n'
-        "request_max_retries = 0\nstream_max_retries = 0\n"
-    )
     try:
-        done = run_agent(
-            [
-                str(agent("codex")),
-                "exec",
-                "--skip-git-repo-check",
-                "--dangerously-bypass-approvals-and-sandbox",
-                "What does hello.txt say?",
-            ],
-            project,
-            {"CODEX_HOME": str(home), "RING_KEY": "unused", "HOME": str(tmp_path)},
-        )
+        ask = "What does hello.txt say?"
+        done = run_agent("codex", ask, project, tmp_path / "codex-home", proxy.base_url)
     finally:
         proxy.close()
     check_round_trip(proxy, "/v1/responses", "exec_command")
@@ -144,29 +105,10 @@ def test_codex_runs_a_shell_command(api, project, tmp_path):
 
 
 def test_opencode_reads_a_file(api, project, tmp_path_factory):
-    agent("opencode")
     home = tmp_path_factory.mktemp("opencode-home")  # its provider package is cached here
     proxy = AgentProxy(api.base_url, ForcedCall("read", {"filePath": str(project / "hello.txt")}))
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            "ring": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "ring",
-                "options": {"baseURL": f"{proxy.base_url}/v1", "apiKey": "unused"},
-                "models": {"default": {"name": "default"}},
-            }
-        },
-        "model": "ring/default",
-    }
-    (home / "config" / "opencode").mkdir(parents=True)
-    (home / "config" / "opencode" / "opencode.json").write_text(json.dumps(config))
     try:
-        done = run_agent(
-            [str(BIN / "opencode"), "run", "What does hello.txt say?"],
-            project,
-            {"HOME": str(home), "XDG_CONFIG_HOME": str(home / "config")},
-        )
+        done = run_agent("opencode", "What does hello.txt say?", project, home, proxy.base_url)
     finally:
         proxy.close()
     check_round_trip(proxy, "/v1/chat/completions", "read")

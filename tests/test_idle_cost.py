@@ -19,7 +19,7 @@ import pytest
 
 from bench.idle_cost import cluster_groups, measure, report
 from bench.loadgen import Endpoint
-from tests.test_launch import START_TIMEOUT, Project
+from tests.support.project import START_TIMEOUT, Project
 from tests.test_launch import project as launch_project  # noqa: F401 (fixture, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

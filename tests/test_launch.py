@@ -8,97 +8,22 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from config.settings import PROJECT_DIR, Settings
-from ipc.processes import cpu_seconds, running
-from tests.support.process_list import project_processes
+from ipc.processes import running
+from tests.support.project import (
+    START_TIMEOUT,
+    Project,
+    copy_project,
+    cpu_used,
+    ours,
+)
 from tests.support.tiny_families import write_family_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-START_TIMEOUT = 600
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Project:
-    """A copy of the working tree with its own .env, sharing the project's .venv."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.root = root
-        self.port = port
-
-    def launch(
-        self, *args: str, env: dict | None = None, timeout: float = 120
-    ) -> subprocess.CompletedProcess:
-        clean = {k: v for k, v in os.environ.items() if k.upper() not in _setting_names()}
-        clean.pop("ENV_FILE", None)
-        return subprocess.run(
-            ["./launch.sh", *args],
-            cwd=self.root,
-            env={**clean, **(env or {})},
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout,
-        )
-
-    def pid(self, name: str) -> int:
-        return int((self.root / "run" / name).read_text().strip())
-
-    def pid_or_none(self, name: str) -> int | None:
-        """The pid in run/NAME, None while it is missing (the supervisor restarts that)."""
-        try:
-            return self.pid(name)
-        except (FileNotFoundError, ValueError):
-            return None
-
-
-def _setting_names() -> set[str]:
-    return {name.upper() for name in Settings.model_fields} | {"MODEL_REPO"}
-
-
-def _cpu(pid: int) -> float:
-    used = cpu_seconds(pid)
-    assert used is not None, f"process {pid} is gone"
-    return used
-
-
-def _ours(root: Path) -> list[str]:
-    """Command lines of running processes that belong to this copy of the project."""
-    return [f"{pid}: {command}" for pid, command in project_processes(root)]
-
-
-def copy_project(root: Path, env: str) -> Project:
-    """A copy of the working tree at `root` sharing the .venv, with `env` as .env plus a
-    free API_PORT."""
-    root.mkdir()
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=PROJECT_DIR,
-        capture_output=True,
-        check=True,
-    ).stdout
-    for name in filter(None, files.decode().split("\0")):
-        source = PROJECT_DIR / name
-        if source.is_file():
-            target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-            target.chmod(source.stat().st_mode)
-    (root / ".venv").symlink_to((PROJECT_DIR / ".venv").resolve())
-    port = _free_port()
-    (root / ".env").write_text(f"API_PORT={port}\n{env}")
-    return Project(root, port)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +32,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     proj = copy_project(root, "MAX_SEQUENCE_LENGTH=1024\nDEFAULT_MAX_TOKENS=64\n")
     yield proj
     proj.launch("stop", timeout=120)
-    assert not _ours(root), "processes left running after the tests"
+    assert not ours(root), "processes left running after the tests"
 
 
 def test_help_and_unknown_command(project: Project) -> None:
@@ -141,7 +66,7 @@ def test_bad_env_value_fails_at_once_with_one_line(project: Project) -> None:
     ]
     assert time.monotonic() - started < 20
     assert not (project.root / "run" / "ranks.pid").exists()
-    assert not _ours(project.root)
+    assert not ours(project.root)
 
 
 def test_plan_shows_the_split_and_memory_and_refuses_a_rank_that_does_not_fit(
@@ -174,7 +99,7 @@ def test_busy_api_port_fails_before_anything_starts(project: Project) -> None:
     assert done.returncode == 1
     assert f"127.0.0.1:{project.port} cannot be used (Address already in use)" in done.stderr
     assert "==> Ranks:" not in done.stdout
-    assert not _ours(project.root)
+    assert not ours(project.root)
 
 
 def test_failure_after_the_ranks_started_leaves_nothing_running(project: Project) -> None:
@@ -186,7 +111,7 @@ def test_failure_after_the_ranks_started_leaves_nothing_running(project: Project
     reason = done.stderr.split("error: the ranks exited during start: ", 1)[1].splitlines()[0]
     assert "KV heads" in reason  # the ranks' own one-line refusal is the reason
     assert "last lines of" in done.stderr and "server.log" in done.stderr
-    assert not _ours(project.root)
+    assert not ours(project.root)
     assert not list((project.root / "run").glob("*.pid"))
 
 
@@ -226,9 +151,9 @@ def test_test_command_answers_with_figures(project: Project) -> None:
 
 def test_mlx_launch_idles_without_spinning(project: Project) -> None:
     pid = project.pid("ranks.pid")
-    before, started = _cpu(pid), time.monotonic()
+    before, started = cpu_used(pid), time.monotonic()
     time.sleep(3)
-    share = (_cpu(pid) - before) / (time.monotonic() - started)
+    share = (cpu_used(pid) - before) / (time.monotonic() - started)
     assert share < 0.05, f"mlx.launch used {share:.0%} of a core while idle"
 
 
@@ -276,7 +201,7 @@ def test_stop_ends_everything_and_is_idempotent(project: Project) -> None:
     assert "stopped api.py" in done.stdout
     assert f"stopped the supervisor (pid {supervisor})" in done.stdout
     assert not running(api) and not running(supervisor)
-    assert not _ours(project.root)
+    assert not ours(project.root)
     again = project.launch("stop")
     assert again.returncode == 0
     assert "nothing was running" in again.stdout

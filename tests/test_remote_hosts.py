@@ -43,6 +43,7 @@ from tests.support.chaos import (
     waited_and_succeeded,
 )
 from tests.support.delay_link import DelayedLink
+from tests.support.project import START_TIMEOUT, ours
 from tests.support.remote_cluster import (
     COLLECTIVE_TIMEOUT,
     RemoteCluster,
@@ -51,7 +52,6 @@ from tests.support.remote_cluster import (
     mlx_metadata,
     set_link,
 )
-from tests.test_launch import START_TIMEOUT, _ours
 from tests.test_launch import project as launch_project  # noqa: F401 (fixture, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -89,7 +89,7 @@ def test_a_host_whose_sshd_is_down_fails_detect_and_start_at_once(
         assert done.returncode == 1
         assert f"error: cannot reach rank 2's host root@{worker.address} over SSH" in done.stderr
         assert "==> Ranks:" not in done.stdout
-        assert not _ours(cluster.root)
+        assert not ours(cluster.root)
         assert not (worker.remote_dir / "server.py").exists()  # nothing synced to it
     finally:
         cluster.hosts.start_sshd(worker)
@@ -117,7 +117,7 @@ def test_a_worker_with_another_mlx_version_is_refused_naming_both(
         assert time.monotonic() - started < 120
         assert f"error: worker check failed: root@{problem}" in done.stderr, done.stderr
         assert "==> Ranks:" not in done.stdout
-        assert not _ours(cluster.root)
+        assert not ours(cluster.root)
         for each in cluster.hosts.workers:
             assert not cluster.server_processes(each)
     finally:
@@ -329,7 +329,7 @@ def test_stop_ends_the_remote_ranks_inside_each_namespace(cluster: RemoteCluster
         assert not running(pids[worker.index])
         assert not cluster.server_processes(worker), cluster.hosts.commands(worker)
         assert not list((worker.remote_dir / "run").glob("rank-*.pid"))
-    assert not _ours(cluster.root)
+    assert not ours(cluster.root)
     again = cluster.launch("stop")
     assert again.returncode == 0
     assert "nothing was running" in again.stdout

@@ -78,16 +78,36 @@ def tool_spec(tool: Tool) -> ToolSpec:
     return ToolSpec.of(tool.name, tool.description, tool.input_schema or {})
 
 
+# Claude Code opens its system prompt with a block such as "x-anthropic-billing-header:
+# cc_version=2.1.332.4f9; cc_entrypoint=sdk-cli;", whose suffix changes with each session's
+# first prompt: billing metadata for Anthropic's API, meaning nothing to a local model.
+# Rendered, it split every new session from the last at its 25th token, and each session
+# prefilled its 12.5K-token prompt again (docs/ARCHITECTURE.md, "What the model sees").
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
 def chat_messages(body: Conversation) -> list[ChatMessage]:
-    """The conversation as rank 0's messages: the system prompt first; tool results
-    become tool turns, tool_use blocks the assistant's calls, thinking its reasoning."""
+    """The conversation as rank 0's messages: the system prompt first (without a billing
+    header); tool results become tool turns, tool_use blocks the assistant's calls,
+    thinking its reasoning."""
     out: list[ChatMessage] = []
-    if body.system:
-        text = body.system if isinstance(body.system, str) else _join(body.system)
+    text = system_text(body.system)
+    if text:
         out.append(ChatMessage(role="system", content=text))
     for message in body.messages:
         out += _turns(message)
     return out
+
+
+def system_text(system: str | list[SystemText] | None) -> str:
+    """The system prompt the model sees: its blocks joined by newlines, less a billing
+    header block (or a first line that is one)."""
+    if not system:
+        return ""
+    if isinstance(system, str):
+        first, _, rest = system.partition("\n")
+        return rest if first.startswith(BILLING_HEADER) else system
+    return _join([block for block in system if not block.text.startswith(BILLING_HEADER)])
 
 
 def _join(blocks: list[SystemText] | list[TextBlock]) -> str:

@@ -17,7 +17,7 @@ import pytest
 from config.settings import PROJECT_DIR
 from tests.support import netns_hosts
 from tests.support.netns_hosts import NetnsHosts, Worker
-from tests.test_launch import Project
+from tests.support.project import Project
 
 # For the chaos tests: a stuck peer is detected within 15 s; a worker that does not answer
 # is left out when the model fits the others; new requests wait for a restart. 5 s was too

@@ -1,7 +1,10 @@
-"""A recording pass-through between a real coding agent and api.py, for the agent tests.
+"""A recording pass-through between a real coding agent and api.py, for the agent tests and
+the session benchmark.
 
 It forwards every request unchanged (streams included) and keeps each request's path and
-body, so a test can see what the agent sent: its tools, and the tool result it sent back.
+body, so a test can see what the agent sent (its tools, the tool result it sent back), and
+the server's answer with the time each piece of it arrived (`exchanges`): what the server
+reported (cached prompt tokens) and when its first token came.
 On request it forces one tool call: the first request that offers the tool `force.name`
 gets a tool_choice naming it and that tool's parameters narrowed to `force.arguments` (JSON
 schema `const`s). The random test model would never choose a tool itself; the grammar then
@@ -14,6 +17,8 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -59,10 +64,62 @@ class ForcedCall:
 
 
 @dataclass
+class Exchange:
+    """One request and the server's answer: its pieces, each with the seconds since the
+    request arrived here."""
+
+    path: str
+    body: dict[str, Any]
+    pieces: list[tuple[float, bytes]] = field(default_factory=list)
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """The answer's JSON objects: each `data:` line of a stream, or the whole body."""
+        raw = b"".join(piece for _, piece in self.pieces).decode(errors="replace")
+        lines = [line[5:].strip() for line in raw.splitlines() if line.startswith("data:")]
+        for text in lines or [raw]:
+            try:
+                found = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(found, dict):
+                yield found
+
+    def cached_tokens(self) -> int:
+        """The prompt tokens the server said it took from its prefix cache, in whichever
+        API's words (Anthropic's cache_read_input_tokens, OpenAI's cached_tokens)."""
+        return max((_largest(event, CACHED_KEYS) for event in self.events()), default=0)
+
+    def first_text_s(self) -> float | None:
+        """Seconds from the request to the first piece carrying generated text or a call."""
+        for at, piece in self.pieces:
+            if any(marker in piece for marker in FIRST_OUTPUT):
+                return at
+        return None
+
+
+CACHED_KEYS = ("cache_read_input_tokens", "cached_tokens")
+# What the first generated piece of each API's stream carries.
+FIRST_OUTPUT = (b'"text_delta"', b'"input_json_delta"', b"output_text.delta", b'"content":"')
+
+
+def _largest(tree: Any, keys: tuple[str, ...]) -> int:
+    if isinstance(tree, dict):
+        found = [v for k, v in tree.items() if k in keys and isinstance(v, int)]
+        return max([*found, *(_largest(v, keys) for v in tree.values())], default=0)
+    if isinstance(tree, list):
+        return max((_largest(v, keys) for v in tree), default=0)
+    return 0
+
+
+@dataclass
 class AgentProxy:
     upstream: str  # api.py's base URL
     force: ForcedCall | None = None
-    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)
+
+    @property
+    def requests(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(exchange.path, exchange.body) for exchange in self.exchanges]
 
     def __post_init__(self) -> None:
         proxy = self
@@ -81,11 +138,14 @@ class AgentProxy:
                 self._forward(self.rfile.read(length))
 
             def _forward(self, raw: bytes | None) -> None:
+                started = time.monotonic()
+                exchange = None
                 if raw:
                     body = json.loads(raw)
                     if proxy.force is not None:
                         proxy.force.apply(self.path, body)
-                    proxy.requests.append((self.path, body))
+                    exchange = Exchange(self.path, body)
+                    proxy.exchanges.append(exchange)
                     raw = json.dumps(body).encode()
                 target = urlsplit(proxy.upstream)
                 upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=600)
@@ -100,6 +160,8 @@ class AgentProxy:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 while chunk := reply.read1(65536):
+                    if exchange is not None:
+                        exchange.pieces.append((time.monotonic() - started, chunk))
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     self.wfile.flush()
                 self.wfile.write(b"0\r\n\r\n")
