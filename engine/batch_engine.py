@@ -203,16 +203,22 @@ class BatchEngine:
         return entry
 
     def _store(self, seq_id: int, entry: int, length: int) -> None:
-        """Keep a decoding sequence's first `length` positions as prefix entry `entry`."""
-        if seq_id not in self.decode_ids or self._decode_cache is None:
-            raise PlanMismatchError(f"cannot store sequence {seq_id}: it is not decoding here")
-        row = self.decode_ids.index(seq_id)
-        if length > self.decode_lengths[row]:
+        """Keep a sequence's first `length` positions as prefix entry `entry`: a decoding
+        one's, or what a prefilling one (cancelled mid-prompt) holds so far."""
+        prefilling = {p.seq_id: p for p in self.prefilling}
+        if seq_id in prefilling:
+            held, rows = prefilling[seq_id].length, prefilling[seq_id].cache
+        elif seq_id in self.decode_ids and self._decode_cache is not None:
+            row = self.decode_ids.index(seq_id)
+            held = self.decode_lengths[row]
+            rows = [layer.extract(row) for layer in self._decode_cache]
+        else:
+            raise PlanMismatchError(f"cannot store sequence {seq_id}: this rank does not hold it")
+        if length > held:
             raise PlanMismatchError(
-                f"cannot store {length} positions of sequence {seq_id}: it holds "
-                f"{self.decode_lengths[row]} on this rank"
+                f"cannot store {length} positions of sequence {seq_id}: it holds {held} on "
+                "this rank"
             )
-        rows = [layer.extract(row) for layer in self._decode_cache]
         mx.eval(self.prefix.put(entry, rows, length))
 
     # ---- compute -----------------------------------------------------------------

@@ -78,7 +78,8 @@ class Insert:
 
 @dataclass
 class Store:
-    """Keep the first `length` cached positions of decoding sequence `seq_id` as `entry`."""
+    """Keep the first `length` cached positions of sequence `seq_id` as `entry`: a decoding
+    one, or one still prefilling (a prompt cancelled mid-prefill keeps its chunks)."""
 
     seq_id: int
     entry: int
@@ -92,7 +93,7 @@ class StepPlan:
     removes: sequences to drop (finished, cancelled, disconnected).
     tokens: the next input token of each decoding sequence, in batch order after removes.
     inserts: sequences to start prefilling.
-    stores: decoding sequences whose KV becomes a prefix entry (before their removal).
+    stores: sequences whose KV becomes a prefix entry (before their removal).
     evicts: prefix entries every rank drops.
     drafts: per next token (empty, or as many lists as `tokens`), the tokens rank 0 proposes
         after it: the row's forward takes them as further positions (leader/speculation.py).

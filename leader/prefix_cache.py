@@ -58,6 +58,8 @@ class PrefixCache:
         self.misses = 0
         self.bytes = 0  # rank 0's own bytes (set by the leader after each step)
         self._finished: list[tuple[int, list[int]]] = []  # (seq id, cached tokens)
+        # requests cancelled while their prompt prefilled: (seq id, prompt)
+        self._cancelled: list[tuple[int, list[int]]] = []
         self._prompt_entries: dict[int, int] = {}  # seq id -> its pending prompt entry
 
     @property
@@ -155,16 +157,27 @@ class PrefixCache:
     def finished(self, seq_id: int, tokens: list[int], completed: bool) -> None:
         """A request ended. A completed one has `tokens` (prompt and answer, less the last
         token) in the decode batch: keep them. A prompt entry still pending was never
-        stored by the ranks, since the request left before its prefill ended: forget it."""
+        stored by the ranks, since the request left before its prefill ended: forget it;
+        what its prompt (`tokens` of a request that did not complete) prefilled so far is
+        kept instead (`plan_stores`), so a client that cancels and asks again (an agent
+        interrupted mid-prefill) does not pay for those tokens twice."""
         entry = self._prompt_entries.pop(seq_id, None)
         if entry is not None:
             self.index.forget(entry)
-        if completed and self.enabled:
+        if not self.enabled:
+            return
+        if completed:
             self._finished.append((seq_id, tokens))
+        elif entry is not None and tokens:
+            self._cancelled.append((seq_id, tokens))
 
-    def plan_stores(self, ops: PlanOps) -> None:
-        """Stores (and the evictions they need) for the requests that finished last step."""
+    def plan_stores(self, ops: PlanOps, prefilled: dict[int, int]) -> None:
+        """Stores (and the evictions they need) for the requests that finished last step,
+        and for those cancelled while prefilling, the positions every rank holds of them
+        (`prefilled`: seq id -> positions, of the sequences still prefilling)."""
         finished, self._finished = self._finished, []
+        cancelled, self._cancelled = self._cancelled, []
+        finished += [(s, prompt[: prefilled.get(s, 0)]) for s, prompt in cancelled]
         ops.drops += self._drops
         self._drops = []
         for seq_id, tokens in finished:

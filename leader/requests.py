@@ -195,7 +195,9 @@ class Requests:
         if request.seq_id in self.active:
             del self.active[request.seq_id]
             self.to_remove.append(request.seq_id)
-            self.prefix.finished(request.seq_id, [], completed=False)
+            # a prompt still prefilling: the prefix cache keeps what every rank computed
+            prefilling = request.prompt if request.first_token_at is None else []
+            self.prefix.finished(request.seq_id, prefilling, completed=False)
         done = request.done(reason)
         if notify:
             self.outbox.append((request.conn, done))

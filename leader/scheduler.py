@@ -83,7 +83,7 @@ class Scheduler:
         for seq_id in removed:
             self.next_token.pop(seq_id, None)
         ops = PlanOps()
-        self.prefix.plan_stores(ops)
+        self.prefix.plan_stores(ops, {p.seq_id: p.length for p in engine.prefilling})
         room = self.max_batch_size - (engine.size - len(removed))
         inserts = []
         admitted = []

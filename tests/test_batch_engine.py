@@ -123,6 +123,28 @@ def test_a_prefix_entry_gives_the_logits_of_a_full_prefill(model, reuse):
     assert engine.prefix.length(7) == 30  # reusing an entry leaves it as it was
 
 
+def test_a_prefilling_sequence_keeps_what_it_prefilled_when_it_leaves(model):
+    """A prompt cancelled mid-prefill: its chunks so far become an entry (stored before the
+    sequence is removed, in the plan's order), and a request resuming from it gets the
+    logits of a full prefill."""
+    prompt = list(range(40, 100))
+    full = greedy_run(model, chunk=256, prompts=[prompt], steps=1)[1][1]
+    engine = BatchEngine(model, 16)
+    plan = StepPlan(0, engine.fingerprint(), inserts=[Insert(1, prompt)])
+    for _ in range(2):  # two chunks of 16
+        engine.apply(plan)
+        assert engine.run().logits is None
+        plan = StepPlan(engine.step_index, engine.fingerprint())
+    resume = Insert(2, prompt[32:], prefix_entry=9, prefix_len=32)
+    stores = [Store(1, 9, 32)]
+    plan = StepPlan(engine.step_index, engine.fingerprint(), stores=stores, removes=[1])
+    engine.apply(plan)
+    assert [p.seq_id for p in engine.prefilling] == [] and engine.prefix.length(9) == 32
+    engine.advance_idle()
+    plan = StepPlan(engine.step_index, engine.fingerprint(), inserts=[resume], prefill=256)
+    np.testing.assert_allclose(_last_logits(engine, plan), full, atol=1e-4)
+
+
 def test_a_finished_sequence_is_stored_and_serves_its_continuation(model):
     prompt = list(range(60, 90))
     engine = BatchEngine(model, 256)

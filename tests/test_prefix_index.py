@@ -94,20 +94,33 @@ def test_a_request_waits_for_a_long_prefix_another_is_storing():
     assert later is not None and later.prefix_len == len(shared)
 
 
-def test_finished_requests_are_stored_and_cancelled_prefills_forgotten():
+def test_finished_requests_are_stored_and_cancelled_prefills_keep_what_they_prefilled():
     cache = PrefixCache(budget_tokens=1000, min_tokens=4)
     prompt = list(range(50))
     insert = cache.admit(1, prompt, PlanOps())
     assert insert is not None
     cache.finished(1, prompt, completed=False)  # cancelled before its prefill ended
-    assert cache.index.entries == {}
+    assert cache.index.entries == {}  # its prompt entry was never stored: forgotten
+    ops = PlanOps()
+    cache.plan_stores(ops, {1: 32})  # every rank holds 32 positions of it
+    assert [(s.seq_id, s.entry, s.length) for s in ops.stores] == [(1, ops.stores[0].entry, 32)]
+    assert cache.index.match(prompt).length == 32
     cache.admit(2, prompt, PlanOps())
     cache.prefilled(2)
     cache.finished(2, prompt + [7, 8, 9], completed=True)
     ops = PlanOps()
-    cache.plan_stores(ops)
+    cache.plan_stores(ops, {})
     assert [(s.seq_id, s.length) for s in ops.stores] == [(2, 53)]
-    assert len(cache.index.entries) == 1  # the prompt entry was replaced by the longer one
+    assert len(cache.index.entries) == 1  # the shorter entries were replaced by the longer one
+
+
+def test_a_prefill_cancelled_before_its_first_chunk_stores_nothing():
+    cache = PrefixCache(budget_tokens=1000, min_tokens=4)
+    cache.admit(1, list(range(50)), PlanOps())
+    cache.finished(1, list(range(50)), completed=False)
+    ops = PlanOps()
+    cache.plan_stores(ops, {})  # it left the engine's prefilling list, or never joined it
+    assert ops.stores == [] and cache.index.entries == {}
 
 
 def test_a_burst_gets_one_width_unless_that_recomputes_too_much():

@@ -1,0 +1,63 @@
+"""A request cancelled while its long prompt prefills leaves what every rank computed of it
+in the prefix cache: rank 0's scheduler and the batch engine in one process, stepped as the
+leader steps them (each plan through its wire form), on a tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.utils import load_model, load_tokenizer
+
+from engine.batch_engine import BatchEngine
+from engine.step_plan import StepPlan
+from ipc.protocol import Delta, Done, SamplingParams, Submit
+from leader.prefix_cache import PrefixCache
+from leader.scheduler import Scheduler
+from tests.support.tiny_models import write_tiny_model
+
+CHUNK = 16
+PROMPT = "".join(chr(97 + (i * 7) % 26) for i in range(120))  # 120 byte tokens and the EOS
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = write_tiny_model(tmp_path_factory.mktemp("tiny"), never_stops=True)
+    return load_model(directory)[0], load_tokenizer(directory)
+
+
+def step(scheduler: Scheduler, engine: BatchEngine) -> list:
+    """One step as the leader runs it; the messages it produced."""
+    engine.apply(StepPlan.decode(scheduler.build_plan(engine).encode()))
+    scheduler.on_result(engine.run(scheduler.sampling_rows))
+    scheduler.stream_pending()
+    sent = [message for _, message in scheduler.requests.outbox]
+    scheduler.requests.outbox = []
+    return sent
+
+
+def answer(scheduler: Scheduler, engine: BatchEngine, request_id: str) -> tuple[list[int], Done]:
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    scheduler.requests.submit(1, Submit(id=request_id, prompt=PROMPT, params=params))
+    tokens: list[int] = []
+    while True:
+        for message in step(scheduler, engine):
+            if isinstance(message, Delta) and message.id == request_id:
+                tokens += message.token_ids
+            elif isinstance(message, Done) and message.id == request_id:
+                return tokens, message
+
+
+def test_a_prefill_cancelled_mid_prompt_leaves_its_chunks_for_the_next(tiny):
+    model, tokenizer = tiny
+    scheduler = Scheduler(tokenizer, 4, 512, PrefixCache(budget_tokens=4096))
+    engine = BatchEngine(model, CHUNK)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    scheduler.requests.submit(1, Submit(id="interrupted", prompt=PROMPT, params=params))
+    for _ in range(3):  # three chunks of the prompt, no token yet
+        assert not any(isinstance(m, Delta) for m in step(scheduler, engine))
+    assert [p.length for p in engine.prefilling] == [3 * CHUNK]
+    scheduler.requests.cancel(1, "interrupted")
+    tokens, done = answer(scheduler, engine, "again")
+    assert done.usage.prompt_tokens_details.cached_tokens == 3 * CHUNK
+    fresh = Scheduler(tokenizer, 4, 512, PrefixCache(budget_tokens=4096))
+    alone, _ = answer(fresh, BatchEngine(model, CHUNK), "alone")
+    assert tokens == alone  # the kept chunks serve as a full prefill would
