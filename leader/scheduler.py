@@ -182,7 +182,7 @@ class Scheduler:
         for seq_id, width in zip(result.seq_ids, widths, strict=True):
             run, at = rows[at : at + width], at + width
             request = self.requests.active.get(seq_id)
-            if width > 1:  # a speculative step: the accepted run (leader/speculation.py)
+            if self.speculator.enabled:  # the accepted run (leader/speculation.py)
                 run = run[: self.speculator.accept(seq_id, [r[0] for r in run], request)]
             self.next_token[seq_id] = run[-1][0]
             if request is None or request.finished:
@@ -213,13 +213,16 @@ class Scheduler:
         return ending is None
 
     def stream_pending(self) -> None:
-        """Text, reasoning and tool calls of the tokens taken so far, as messages."""
+        """Text, reasoning and tool calls of the tokens taken so far, as messages: one
+        Delta a request (a speculative step's run of tokens goes out as one message)."""
         items, self.streaming = self.streaming, []
-        for request, sample, ending in items:
+        for index, (request, sample, ending) in enumerate(items):
             if request.ended:
                 continue
+            flush = index + 1 == len(items) or items[index + 1][0] is not request
             try:
-                messages, stopped = request.stream(sample, ending, self.requests.tokenizer)
+                tokenizer = self.requests.tokenizer
+                messages, stopped = request.stream(sample, ending, tokenizer, flush)
             except Exception as exc:
                 self.requests.fail(request, exc)
                 continue

@@ -32,6 +32,9 @@ PRIOR_MS = {1: 72.0, 2: 75.0, 4: 87.0, 8: 138.0, 16: 217.0}
 EAGER = 1.07
 MAX_ROWS = 16
 AVERAGE = 0.2  # weight of a new measurement in the running average
+PRIOR = 0.5  # a row's acceptance before any trial
+RECENT = 0.3  # weight of a row's newest trial: its last 3-5 trials decide
+DRIFT = 0.05  # toward PRIOR, each step a row had no trial
 
 
 @dataclass
@@ -89,11 +92,35 @@ class StepCosts:
         return prior * ms / (_prior(near) * (EAGER if near_eager else 1.0))
 
 
-def acceptance(accepted: int, rejections: int) -> float:
-    """A row's chance that a proposal is accepted given the ones before it were: its
-    accepted proposals over those it tried (a run stops at its first rejection), with one
-    of each assumed before any is seen."""
-    return (accepted + 1) / (accepted + rejections + 2)
+@dataclass
+class Evidence:
+    """A row's chance that a proposal is accepted given the ones before it were, from its
+    latest trials: each moves the estimate RECENT of the way to its outcome, so a few
+    rejections at the start (an answer that opens with prose) weigh nothing once the row
+    copies again. Trials come free where the row was not verified: the token a step
+    sampled is checked against what prompt lookup would have proposed for it (`shadow`
+    in leader/speculation.py), so a row the rule left out keeps being measured and is let
+    back in when it copies. With no trial in a step the estimate drifts back toward PRIOR
+    (a draft model's rows, whose proposals cost a forward, are tried again in time).
+
+    A lifetime average, (accepted + 1) / (accepted + rejections + 2), locked rows out: a
+    400-token edit whose first proposals missed had 4 tokens proposed and none accepted,
+    and proposed nothing more through the verbatim lines that followed (issue 37)."""
+
+    rate: float = PRIOR
+
+    def trial(self, accepted: bool) -> None:
+        self.rate += RECENT * (float(accepted) - self.rate)
+
+    def verified(self, kept: int, proposed: int) -> None:
+        """A verified run: `kept` of `proposed` accepted (a run ends at its first miss)."""
+        for _ in range(kept):
+            self.trial(True)
+        if kept < proposed:
+            self.trial(False)
+
+    def idle(self) -> None:
+        self.rate += DRIFT * (PRIOR - self.rate)
 
 
 def choose_width(

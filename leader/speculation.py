@@ -2,13 +2,15 @@
 rollbacks, figures.
 
 Each step rank 0 may propose, for a decoding row, up to SPEC_TOKENS tokens to follow its
-next token: first by prompt lookup, the continuation of the latest earlier place where the
-row's last n tokens (n from NGRAM_MAX down to NGRAM_MIN) occurred in its prompt or answer
-(edits and tool arguments repeat their input, so such places are common; it costs nothing).
-Where prompt lookup proposes nothing for a row and DRAFT_MODEL is set, the draft model
-proposes its greedy continuation (leader/draft_model.py, on rank 0 alone); the per-step
-rule counts its forwards in the step's cost (leader/spec_rule.py). The proposals travel in the step
-plan; every rank runs one forward over each row's next token and its proposals
+next token: first by prompt lookup (leader/prompt_lookup.py: the continuation of an earlier
+place in the conversation or the answer that the row's latest tokens repeat; it costs
+nothing). Where prompt lookup proposes nothing for a row and DRAFT_MODEL is set, the draft
+model proposes its greedy continuation (leader/draft_model.py, on rank 0 alone). The
+per-step rule (leader/spec_rule.py) decides how many positions a step verifies, from each
+row's recent evidence and the step's cost (a draft's forwards included). Prompt lookup's
+proposals beyond those verified are checked for free against what the step sampled (the
+`shadow` trial): a row the rule leaves out is still measured. The proposals travel in the
+step plan; every rank runs one forward over each row's next token and its proposals
 (engine/batch_engine.py), and rank 0 samples every position as if it were the next token:
 position j with the key of the request's (drawn + j)-th token.
 
@@ -41,40 +43,11 @@ from mlx_lm.models.cache import KVCache
 from engine.batch_sampler import RowSampling
 from ipc.status import SpeculationStats
 from leader.draft_model import DraftModel
+from leader.prompt_lookup import PromptLookup
 from leader.request import Request
-from leader.spec_rule import Figures, StepCosts, acceptance, choose_width
+from leader.spec_rule import Evidence, Figures, StepCosts, choose_width
 
 log = logging.getLogger("ring.speculation")
-
-NGRAM_MAX = 4  # the longest suffix matched
-NGRAM_MIN = 2  # shorter suffixes propose too often to pay (one token matches anywhere)
-
-
-class NgramIndex:
-    """A row's tokens so far and, for each n-gram length, where the latest occurrence of
-    each n-gram was followed by a token (the start of its continuation)."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.after: dict[tuple[int, ...], int] = {}
-
-    def extend(self, tokens: list[int]) -> None:
-        for token in tokens:
-            end = len(self.tokens)  # the position `token` takes
-            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
-                if end >= n:
-                    self.after[tuple(self.tokens[end - n : end])] = end
-            self.tokens.append(token)
-
-    def propose(self, limit: int) -> list[int]:
-        """Up to `limit` tokens continuing the longest suffix that occurred before."""
-        if limit <= 0:
-            return []
-        for n in range(min(NGRAM_MAX, len(self.tokens)), NGRAM_MIN - 1, -1):
-            start = self.after.get(tuple(self.tokens[-n:]))
-            if start is not None:
-                return self.tokens[start : start + limit]
-        return []
 
 
 def can_speculate(request: Request) -> bool:
@@ -104,8 +77,10 @@ class Speculator:
     totals: Figures = field(default_factory=Figures)
     draft_totals: Figures = field(default_factory=Figures)  # the draft model's proposals
     costs: StepCosts = field(default_factory=StepCosts)  # the per-step rule's (spec_rule.py)
-    _index: dict[int, NgramIndex] = field(default_factory=dict)
+    _lookup: dict[int, PromptLookup] = field(default_factory=dict)
+    _evidence: dict[int, Evidence] = field(default_factory=dict)  # each row's, for the rule
     _drafts: dict[int, list[int]] = field(default_factory=dict)  # the step's, by seq id
+    _ahead: dict[int, list[int]] = field(default_factory=dict)  # prompt lookup's, unverified
     _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
     _drafted: set[int] = field(default_factory=set)  # rows the draft model proposed for
 
@@ -132,9 +107,10 @@ class Speculator:
 
     def drafts(self, seq_ids: list[int], requests: dict[int, Request]) -> list[list[int]]:
         """The proposals of the next step's decode rows (all empty: none this step)."""
-        self._drafts, self._drafted = {}, set()
-        for gone in [s for s in self._index if s not in requests]:
-            del self._index[gone]
+        self._drafts, self._drafted, self._ahead = {}, set(), {}
+        for gone in (self._lookup.keys() | self._evidence.keys()) - requests.keys():
+            self._lookup.pop(gone, None)
+            self._evidence.pop(gone, None)
         if self.draft is not None:
             self.draft.forget(requests)
         if not self.enabled:
@@ -145,18 +121,18 @@ class Speculator:
             request = requests.get(seq_id)
             draft: list[int] = []
             if request is not None and not request.finished and can_speculate(request):
-                index = self._index.setdefault(seq_id, NgramIndex())
+                lookup = self._lookup.setdefault(seq_id, PromptLookup())
                 history = [*request.prompt, *request.generated]
-                index.extend(history[len(index.tokens) :])
+                lookup.extend(history[len(lookup) :])
                 most = min(self.tokens, request.max_tokens - len(request.generated) - 1)
-                draft = index.propose(most)
+                draft = self._ahead[seq_id] = lookup.propose(most)
                 if not draft and most > 0 and self.draft is not None:
                     asks[row] = (history, most)
             out.append(draft)
         counts = [asks[row][1] if row in asks else len(d) for row, d in enumerate(out)]
         width = 1 + self.tokens
         if any(counts) and self.rule:  # how wide a step pays (leader/spec_rule.py)
-            rates = [self._rate(requests.get(seq_id)) for seq_id in seq_ids]
+            rates = [self._evidence.get(seq_id, Evidence()).rate for seq_id in seq_ids]
             ms = self.draft.token_ms if self.draft is not None else 0.0
             making = [ms if row in asks else 0.0 for row in range(len(out))]
             width = choose_width(counts, rates, self.costs, making)
@@ -183,11 +159,6 @@ class Speculator:
         )
         self.draft = None
 
-    @staticmethod
-    def _rate(request: Request | None) -> float:
-        figures = request.speculation if request is not None else Figures()
-        return acceptance(figures.accepted, figures.rejections)
-
     def rollbacks(self, decode_ids: list[int]) -> list[int]:
         """Per decoding row (before the plan's removes), the positions it drops."""
         if not self._drops:
@@ -207,17 +178,28 @@ class Speculator:
         return rows + [RowSampling()] * (width - 1 - drafted)
 
     def accept(self, seq_id: int, drawn: list[int], request: Request | None) -> int:
-        """How many of a row's sampled positions it takes: the proposals equal to what the
-        position before sampled, and one more. The rest roll back at the next plan."""
+        """How many of a row's sampled positions it takes (any step, one position or
+        more): the proposals equal to what the position before sampled, and one more.
+        The rest roll back at the next plan. The row's evidence takes the verified run
+        and, where it was all accepted, the shadow trial of the next proposal prompt
+        lookup had (the token sampled after the run against it)."""
         draft = self._drafts.get(seq_id, [])
         kept = 0
         while kept < len(draft) and drawn[kept] == draft[kept]:
             kept += 1
         self._drops[seq_id] = len(drawn) - 1 - kept
-        for figures in self._figures(request):
-            figures.proposed += len(draft)
-            figures.accepted += kept
-            figures.rejections += kept < len(draft)
+        evidence = self._evidence.setdefault(seq_id, Evidence())
+        ahead = self._ahead.get(seq_id, [])
+        evidence.verified(kept, len(draft))
+        if kept == len(draft) and len(ahead) > kept:
+            evidence.trial(drawn[kept] == ahead[kept])
+        elif not draft:
+            evidence.idle()
+        if draft:
+            for figures in self._figures(request):
+                figures.proposed += len(draft)
+                figures.accepted += kept
+                figures.rejections += kept < len(draft)
         if seq_id in self._drafted:
             self.draft_totals.proposed += len(draft)
             self.draft_totals.accepted += kept

@@ -17,9 +17,13 @@ from mlx_lm.utils import load_model, load_tokenizer
 from engine.batch_engine import BatchEngine
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
+from leader.answer import AnswerShape, AnswerStream
+from leader.prompt_lookup import PromptLookup
+from leader.request import Request
+from leader.sampler import RequestSampler
 from leader.scheduler import Scheduler
-from leader.spec_rule import StepCosts, acceptance, choose_width
-from leader.speculation import NgramIndex, Speculator
+from leader.spec_rule import Evidence, StepCosts, choose_width
+from leader.speculation import Speculator
 from tests.support.tiny_models import write_tiny_model
 
 
@@ -73,15 +77,28 @@ def request(request_id: str, prompt: str, max_tokens: int = 40, **params) -> Sub
 
 
 def test_prompt_lookup_proposes_the_latest_continuation():
-    index = NgramIndex()
+    index = PromptLookup()
     index.extend([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 2, 3])
     assert index.propose(3) == [5, 6, 7]  # (2, 3) last came before 5; (7, 2, 3) never did
     index.extend([5])
-    assert index.propose(2) == [6, 7]  # (2, 3, 5) occurred: its continuation
+    assert index.propose(2) == [6, 7]  # the match is followed: 5 came after (2, 3)
     assert index.propose(0) == []
-    lone = NgramIndex()
+    lone = PromptLookup()
     lone.extend([1, 2, 3])
     assert lone.propose(4) == []
+
+
+def test_prompt_lookup_follows_its_match_past_common_repeats():
+    """A copy is followed while the answer keeps to it, though its last tokens occur later
+    elsewhere; a token off the copy searches anew."""
+    source = [10, 11, 12, 13, 14, 15, 16, 17]
+    index = PromptLookup()
+    index.extend([*source, 99, 12, 13, 50, 10, 11])  # (12, 13) repeats later, before 50
+    assert index.propose(2) == [12, 13]
+    index.extend([12, 13])  # on the copy: its continuation, not the latest (12, 13)'s 50
+    assert index.propose(3) == [14, 15, 16] and index.run == 4
+    index.extend([77])  # off the copy, nothing matches (13, 77)
+    assert index.propose(3) == [] and index.run == 0
 
 
 def test_greedy_and_seeded_answers_are_the_same_with_speculation(tiny):
@@ -188,4 +205,59 @@ def test_the_step_rule_speculates_where_tokens_per_ms_rise():
         for rows in (1, 2, 3, 4, 5):
             costs.observe(rows, eager=False, ms=30.0 * rows)
     assert choose_width([4], [0.8], costs) == 1
-    assert acceptance(0, 0) == 0.5 and acceptance(9, 1) > 0.8
+
+
+def test_a_rows_estimate_follows_its_latest_trials():
+    evidence = Evidence()
+    assert evidence.rate == 0.5
+    evidence.verified(0, 4)  # its first proposals missed (an answer opening with prose)
+    evidence.verified(0, 4)
+    evidence.trial(False)
+    assert evidence.rate < 0.2 and choose_width([4], [evidence.rate], StepCosts()) <= 2
+    for _ in range(4):  # then it copies: free shadow trials while the rule leaves it out
+        evidence.trial(True)
+    assert choose_width([4], [evidence.rate], StepCosts()) >= 4
+    for _ in range(200):  # no trials for long: back toward the prior, never locked out
+        evidence.idle()
+    assert abs(evidence.rate - 0.5) < 0.01
+
+
+def test_an_answer_that_opens_with_prose_then_copies_is_sped_up(tiny):
+    """A row rank 0 left out after its first proposals missed is proposed for again once
+    it copies (a lifetime average kept it out for good: issue 37). The answer: 8 tokens
+    of prose, then a 120-token file of the prompt verbatim; a greedy model that writes it
+    is played by taking the answer's own tokens as each position's sample."""
+    _, tokenizer = tiny
+    source = [((i * 37) % 200) + 20 for i in range(120)]  # distinct 6-grams
+    prompt = [3, 4, 5, *source, 6, 7]
+    answer = [9, 10, 20, 11, 12, 5, 13, 14, *source]  # prose, a false start, then the file
+    params = SamplingParams(max_tokens=len(answer), temperature=0.0)
+    submit = Submit(id="edit", prompt="-", params=params)
+    request = Request(
+        conn=1,
+        id="edit",
+        seq_id=1,
+        prompt=prompt,
+        submit=submit,
+        sampler=RequestSampler(params, prompt, None),
+        answer=AnswerStream(tokenizer, [], AnswerShape()),
+        constraint=None,
+        arrived=0.0,
+    )
+    speculator = Speculator(4)
+    steps = 0
+    while len(request.generated) < len(answer) - 1:
+        drafts = speculator.drafts([1], {1: request})
+        width = 1 + max((len(d) for d in drafts), default=0)
+        at = len(request.generated)
+        drawn = answer[at : at + width] + [0] * (at + width - len(answer))
+        taken = drawn[: speculator.accept(1, drawn, request)]
+        request.generated += taken
+        steps += 1
+    tokens = len(request.generated)
+    print(f"{tokens} tokens in {steps} steps; {request.speculation}")
+    assert request.generated[: len(answer)] == answer[: len(request.generated)]
+    # of the copied tokens, all a 5-position step can accept (4 of 5), less the few
+    # before the copy's first 2-gram is found
+    assert request.speculation.accepted >= 0.7 * len(source)
+    assert steps <= 0.4 * tokens
