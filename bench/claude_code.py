@@ -29,8 +29,9 @@ from typing import Any
 
 from bench.compare import resolve_model_dir, token_counter
 from bench.even_model import make_even_variant
-from bench.loadgen import RequestResult, run_conversation
+from bench.loadgen import run_conversation
 from bench.servers import BenchRefused, log, running, server_of
+from bench.stats import RequestResult
 from launcher.command import ROOT
 from launcher.cpu_layer import preload
 

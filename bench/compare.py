@@ -34,20 +34,9 @@ from pathlib import Path
 
 from bench import current
 from bench.even_model import make_even_variant
-from bench.loadgen import (
-    AGENT_QUESTIONS,
-    Endpoint,
-    RequestResult,
-    Summary,
-    agent_system_prompt,
-    essay_prompt,
-    long_prompt,
-    run_conversation,
-    run_load,
-    summarize,
-    table,
-)
+from bench.loadgen import Endpoint, run_conversation, run_load
 from bench.moe_model import make_moe_model, peer_cannot_split
+from bench.prompts import AGENT_QUESTIONS, agent_system_prompt, essay_prompt, long_prompt
 from bench.report import cpu_and_memory, markdown_report, ratio_rows
 from bench.servers import (
     PY,
@@ -60,6 +49,7 @@ from bench.servers import (
     log,
     wait_quiet,
 )
+from bench.stats import RequestResult, Summary, summarize, table
 from launcher.cpu_layer import OPENBLAS, preload
 
 # ---- workloads --------------------------------------------------------------------------

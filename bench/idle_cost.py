@@ -25,7 +25,8 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from bench.loadgen import Endpoint, essay_prompt, stream_chat
+from bench.loadgen import Endpoint, stream_chat
+from bench.prompts import essay_prompt
 from bench.servers import ROOT, launch_groups, process_cpu
 from config.settings import Settings
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import httpx
 
-from bench.loadgen import Endpoint, RequestResult, stream_chat
+from bench.loadgen import Endpoint, stream_chat
 from bench.servers import log, running, server_of
+from bench.stats import RequestResult
 from launcher.command import ROOT
 from launcher.cpu_layer import preload
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 
 from bench.compare import resolve_model_dir, token_counter
-from bench.loadgen import AGENT_QUESTIONS, Endpoint, agent_system_prompt, stream_chat
+from bench.loadgen import Endpoint, stream_chat
+from bench.prompts import AGENT_QUESTIONS, agent_system_prompt
 from bench.servers import Ours, log, wait_quiet
 from launcher.cpu_layer import preload
 

@@ -12,7 +12,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from bench.loadgen import Summary
+from bench.stats import Summary
 from launcher.cpu_layer import first_cpu
 
 OURS = "ours"

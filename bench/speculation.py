@@ -33,8 +33,10 @@ import httpx
 
 from bench.compare import resolve_model_dir, token_counter
 from bench.even_model import make_even_variant
-from bench.loadgen import Endpoint, Summary, essay_prompt, run_load, summarize
+from bench.loadgen import Endpoint, run_load
+from bench.prompts import essay_prompt
 from bench.servers import ROOT, Ours, Peer, load_average, log, wait_quiet
+from bench.stats import Summary, summarize
 from launcher.cpu_layer import preload
 
 EDIT_SOURCE = '''\

@@ -17,20 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.even_model import make_even_variant
-from bench.loadgen import (
-    RequestResult,
-    _read_event,
-    essay_prompt,
-    long_prompt,
-    percentile,
-    run_conversation,
-    run_load,
-    summarize,
-    table,
-)
+from bench.loadgen import _read_event, run_conversation, run_load
 from bench.moe_model import make_moe_model, peer_cannot_split
+from bench.prompts import essay_prompt, long_prompt
 from bench.report import ratio_rows
 from bench.servers import Peer
+from bench.stats import RequestResult, percentile, summarize, table
 from tests.support.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent

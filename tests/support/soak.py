@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.loadgen import Endpoint, RequestResult, stream_chat
+from bench.loadgen import Endpoint, stream_chat
+from bench.stats import RequestResult
 from ipc.processes import rss_bytes
 
 WINDOW_S = 10.0  # samples per median

@@ -1,0 +1,133 @@
+"""Edit and tool-argument workloads for speculation, written apart from the rule they judge:
+files of 160 to 1,600 tokens in Python, JavaScript, Markdown and JSON (bench/workloads/),
+whole-file edits asked before or after the file, an answer that opens with prose, a Claude
+Code Edit call's old and new strings and a Codex apply_patch, plus a free text control.
+Each is a chat any OpenAI-compatible server takes as it is. The default model (SmolLM2,
+135M) follows some of them and not others (it does not copy the 1,600-token file): each
+answer's share of copied tokens is reported beside its speed.
+
+`copied` measures what an answer copies: the tokens that lie in runs of at least RUN
+tokens found verbatim in the prompt; the share of them that speculation accepted is what
+bench/spec_edits.py reports per workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+FILES = Path(__file__).parent / "workloads"
+RUN = 8  # tokens: a copy shorter than this is not counted as one
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    edit: bool = True  # False: the free-text control
+
+
+def _file(name: str) -> str:
+    return (FILES / name).read_text()
+
+
+def _first(change: str, name: str, language: str, ending: str) -> list[dict]:
+    """The change asked first, the file after it."""
+    user = f"Make one change to this file: {change}. {ending}\n\n```{language}\n{_file(name)}```"
+    return [{"role": "user", "content": user}]
+
+
+def _last(change: str, name: str, language: str, ending: str) -> list[dict]:
+    """The file first, the change asked after it."""
+    user = (
+        f"Here is a {language} file:\n\n```{language}\n{_file(name)}```\n\n"
+        f"Return the whole file with one change: {change}. {ending}"
+    )
+    return [{"role": "user", "content": user}]
+
+
+WHOLE = "Reply with the complete file in one code block and nothing else."
+PROSE = "First say in one sentence what you change, then give the complete file."
+
+
+def _edit_call() -> list[dict]:
+    """Claude Code's Edit tool: its old_string copies the file, its new_string too, changed."""
+    path = "/srv/app/server.js"
+    return [
+        {
+            "role": "user",
+            "content": f"Here is {path}:\n```javascript\n{_file('server.js')}```\n"
+            "Write the JSON arguments of an Edit tool call that adds a /health route: "
+            f'{{"file_path": "{path}", "old_string": <the request handler, copied exactly>, '
+            '"new_string": <the same handler with a /health branch>}.',
+        },
+    ]
+
+
+def _apply_patch() -> list[dict]:
+    """Codex's apply_patch: hunks whose context lines copy the file."""
+    return [
+        {
+            "role": "user",
+            "content": f"Here is server.js:\n```javascript\n{_file('server.js')}```\n"
+            "Write an apply_patch patch (*** Begin Patch, *** Update File: server.js, @@ hunks "
+            "with ' ' context, '-' and '+' lines, *** End Patch) that makes stats() also report "
+            "the PORT.",
+        },
+    ]
+
+
+WORKLOADS = [
+    Workload(
+        "python 160", _first("catch OSError, not ConnectionError", "retry.py", "python", WHOLE), 260
+    ),
+    Workload(
+        "javascript 540",
+        _last("serve /stats to GET requests from 127.0.0.1 only", "server.js", "javascript", WHOLE),
+        700,
+    ),
+    Workload(
+        "markdown 515",
+        _first("the release to install is 4.3.0, not 4.2.1", "guide.md", "markdown", WHOLE),
+        650,
+    ),
+    Workload(
+        "json 300",
+        _first("turn split_payments on and use 8 workers", "settings.json", "json", WHOLE),
+        400,
+    ),
+    Workload(
+        "javascript 540, prose first",
+        _last("count requests per method", "server.js", "javascript", PROSE),
+        750,
+    ),
+    Workload(
+        "javascript 1600", _last("products cost 10% more", "store.js", "javascript", WHOLE), 1800
+    ),
+    Workload("Claude Code Edit call", _edit_call(), 700),
+    Workload("Codex apply_patch", _apply_patch(), 600),
+    Workload(
+        "free text",
+        [
+            {
+                "role": "user",
+                "content": "Write a short essay about how lighthouses were kept before "
+                "electricity: the keepers, their days, the lamps and the storms.",
+            },
+        ],
+        300,
+        edit=False,
+    ),
+]
+
+
+def copied(answer: list[int], prompt: list[int], run: int = RUN) -> list[bool]:
+    """Per answer token: whether it lies in a run of at least `run` tokens that occur
+    verbatim, in that order, in the prompt."""
+    grams = {tuple(prompt[i : i + run]) for i in range(len(prompt) - run + 1)}
+    mask = [False] * len(answer)
+    for start in range(len(answer) - run + 1):
+        if tuple(answer[start : start + run]) in grams:
+            mask[start : start + run] = [True] * run
+    return mask

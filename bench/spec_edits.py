@@ -1,0 +1,195 @@
+"""Speculation on edit and tool-argument workloads it was not tuned on (bench/edit_workloads.py),
+against mlx_lm.server given our kernels, at 1 and 2 ranks.
+
+    .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 4] [--markdown FILE]
+
+For each rank count, three servers on the same model, one after another: ours with
+SPECULATIVE=auto, ours with SPECULATIVE=off and mlx_lm.server with our few-row sgemm
+(`peer-rows`: the engine's ratio); at 2 ranks all serve the even-head variant (the peer
+cannot split the default model's heads). Each workload is one greedy request, alone:
+decode tokens/s from its streamed chunks (first to last), as a client sees it.
+
+With speculation on, each workload runs once more over rank 0's socket, where each Delta is
+one step's tokens for the request: all but its last are proposals the step accepted. The
+answer's copied tokens (in runs of 8 or more found verbatim in the prompt as rank 0
+renders it) and the share of them speculation accepted are counted there; the answer is the
+same as over HTTP (greedy, the same computation whether or not its prompt was cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from mlx_lm.utils import load_tokenizer
+
+from bench.agents import rendered
+from bench.compare import resolve_model_dir
+from bench.edit_workloads import WORKLOADS, Workload, copied
+from bench.even_model import make_even_variant
+from bench.loadgen import Endpoint, stream_chat
+from bench.servers import ROOT, Ours, Peer, log, wait_quiet
+from bench.stats import RequestResult
+from ipc.client import RankClient
+from ipc.protocol import ChatMessage, Delta, Done, Error, SamplingParams, Submit
+from launcher.cpu_layer import preload
+from leader.request_setup import RequestSetup
+
+
+async def _one(endpoint: Endpoint, workload: Workload) -> RequestResult:
+    timeout = httpx.Timeout(endpoint.timeout, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        return await stream_chat(client, endpoint, workload.messages, workload.max_tokens)
+
+
+def over_http(endpoint: Endpoint) -> dict[str, dict[str, Any]]:
+    """Each workload's decode tok/s (and tokens) as a client sees it."""
+    asyncio.run(_one(endpoint, WORKLOADS[-1]))  # warm-up
+    out = {}
+    for workload in WORKLOADS:
+        result = asyncio.run(_one(endpoint, workload))
+        out[workload.name] = {
+            "ok": result.ok,
+            "error": result.error,
+            "decode_tok_s": result.decode_tps,
+            "tokens": result.completion_tokens,
+        }
+        log(f"  {workload.name}: {json.dumps(out[workload.name])}")
+    return out
+
+
+def accepted_flags(socket: Path, workload: Workload) -> list[tuple[int, bool]]:
+    """The answer over rank 0's socket: each token, and whether it was an accepted proposal
+    (every token of a Delta but its last)."""
+    params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0)
+    messages = [ChatMessage(**m) for m in workload.messages]  # type: ignore[arg-type]
+    tokens: list[tuple[int, bool]] = []
+    with RankClient(socket, timeout=600) as client:
+        client.send(Submit(id="share", messages=messages, params=params))
+        while True:
+            message = client.recv()
+            if isinstance(message, Delta):
+                ids = message.token_ids
+                tokens += [(t, i + 1 < len(ids)) for i, t in enumerate(ids)]
+            elif isinstance(message, Done):
+                return tokens
+            elif isinstance(message, Error) or message is None:
+                raise RuntimeError(f"rank 0 answered {message}")
+
+
+def copy_share(socket: Path, setup: RequestSetup) -> dict[str, dict[str, Any]]:
+    """Per workload: the share of the answer's tokens it copied from the prompt, and of
+    those the share speculation accepted."""
+    out = {}
+    for workload in WORKLOADS:
+        flags = accepted_flags(socket, workload)
+        prompt = rendered("/v1/chat/completions", {"messages": workload.messages}, setup)
+        answer = [token for token, _ in flags]
+        mask = copied(answer, prompt)
+        in_copies = [accepted for (_, accepted), hit in zip(flags, mask, strict=True) if hit]
+        out[workload.name] = {
+            "copied": sum(mask) / len(answer) if answer else 0.0,
+            "accepted_of_copied": sum(in_copies) / len(in_copies) if in_copies else None,
+            "accepted": sum(accepted for _, accepted in flags),
+            "tokens": len(answer),
+        }
+        log(f"  {workload.name}: {json.dumps(out[workload.name])}")
+    return out
+
+
+def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: Path) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-spec-edits-"))
+    setup = RequestSetup(load_tokenizer(model), None)
+    servers: dict[str, Ours | Peer] = {
+        "on": Ours(
+            ranks,
+            env | {"SPECULATIVE": "auto", "SPEC_TOKENS": str(args.spec_tokens)},
+            model,
+            workdir,
+        ),
+        "off": Ours(ranks, env | {"SPECULATIVE": "off"}, model, workdir),
+        "peer": Peer(ranks, env, model, workdir, True, few_rows=True),
+    }
+    results: dict[str, Any] = {}
+    for name, server in servers.items():
+        wait_quiet(args.max_load, args.load_patience)
+        log(f"{name}, {ranks} rank(s): starting")
+        try:
+            server.start()
+            results[name] = over_http(server.endpoint)
+            if name == "on" and isinstance(server, Ours):
+                results["share"] = copy_share(Path(server.env["SOCKET_PATH"]), setup)
+        finally:
+            server.stop()
+    return results
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}x"
+
+
+def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -> str:
+    lines = [
+        f"Speculation on edits ({started}, `python -m bench.spec_edits --ranks "
+        f"{' '.join(map(str, args.ranks))} --spec-tokens {args.spec_tokens}`)",
+        "",
+    ]
+    for ranks, by in results.items():
+        lines += [
+            f"{ranks} rank(s): decode tok/s per request",
+            "",
+            "| workload | copied | accepted of copied | on | off | peer-rows | on/off | on/peer |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for workload in WORKLOADS:
+            name = workload.name
+            share = by.get("share", {}).get(name, {})
+            on, off, peer = (
+                by.get(k, {}).get(name, {}).get("decode_tok_s") for k in ("on", "off", "peer")
+            )
+            accepted = share.get("accepted_of_copied")
+            lines.append(
+                f"| {name} | {share.get('copied', 0):.0%} | "
+                f"{'-' if accepted is None else f'{accepted:.0%}'} | {on or 0:.1f} | "
+                f"{off or 0:.1f} | {peer or 0:.1f} | {_ratio(on, off)} | {_ratio(on, peer)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--spec-tokens", type=int, default=4)
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
+    parser.add_argument("--max-load", type=float, default=1.5)
+    parser.add_argument("--load-patience", type=float, default=600.0)
+    parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "spec_edits.md")
+    args = parser.parse_args(argv)
+    env = os.environ.copy() | {"MODEL": "", "MODEL_CACHE_DIR": str(args.cache_dir)}
+    env |= preload(env, few_rows=False)
+    base = resolve_model_dir(env)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results = {}
+    for ranks in args.ranks:
+        model = (
+            base if ranks == 1 else make_even_variant(base, args.cache_dir / f"even-{base.name}")
+        )
+        results[ranks] = run_ranks(ranks, args, env, model)
+    text = markdown(results, args, started)
+    print(text)
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(text)
+    args.markdown.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
