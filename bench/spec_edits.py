@@ -9,9 +9,9 @@ SPECULATIVE=auto, ours with SPECULATIVE=off and mlx_lm.server with our few-row s
 cannot split the default model's heads). Each workload is one greedy request, alone:
 decode tokens/s from its streamed chunks (first to last), as a client sees it.
 
-With speculation on, each workload runs once more over rank 0's socket, where each Delta is
-one step's tokens for the request: all but its last are proposals the step accepted. The
-answer's copied tokens (in runs of 8 or more found verbatim in the prompt as rank 0
+With speculation on, each workload runs once more over rank 0's socket, whose Deltas say
+how many of their tokens were proposals a step accepted (`accepted`). The answer's copied
+tokens (in runs of 8 or more found verbatim in the prompt as rank 0
 renders it) and the share of them speculation accepted are counted there; the answer is the
 same as over HTTP (greedy, the same computation whether or not its prompt was cached).
 """
@@ -67,7 +67,7 @@ def over_http(endpoint: Endpoint) -> dict[str, dict[str, Any]]:
 
 def accepted_flags(socket: Path, workload: Workload) -> list[tuple[int, bool]]:
     """The answer over rank 0's socket: each token, and whether it was an accepted proposal
-    (every token of a Delta but its last)."""
+    (a Delta's first `accepted` tokens)."""
     params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0)
     messages = [ChatMessage(**m) for m in workload.messages]  # type: ignore[arg-type]
     tokens: list[tuple[int, bool]] = []
@@ -77,7 +77,7 @@ def accepted_flags(socket: Path, workload: Workload) -> list[tuple[int, bool]]:
             message = client.recv()
             if isinstance(message, Delta):
                 ids = message.token_ids
-                tokens += [(t, i + 1 < len(ids)) for i, t in enumerate(ids)]
+                tokens += [(t, i < message.accepted) for i, t in enumerate(ids)]
             elif isinstance(message, Done):
                 return tokens
             elif isinstance(message, Error) or message is None:

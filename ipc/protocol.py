@@ -253,6 +253,7 @@ class Delta(_Message):
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
+    accepted: int = 0  # of token_ids (the first ones), proposals speculation accepted
     logprobs: list[TokenLogprob] | None = None
 
 

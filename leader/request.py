@@ -60,7 +60,7 @@ class Request:
     ended: bool = False  # its Done (or Error) went out: nothing more is streamed
     speculation: Figures = field(default_factory=Figures)  # proposed, accepted, steps
     streamed: int = 0  # tokens of `generated` streamed so far
-    unsent: Piece = field(default_factory=Piece)  # output of tokens streamed, not yet sent
+    unsent_accepted: int = 0  # of unsent_ids, proposals a speculative step accepted
 
     @property
     def max_tokens(self) -> int:
@@ -79,36 +79,26 @@ class Request:
         return None
 
     def stream(
-        self, sample: Sample, ending: Ending | None, tokenizer: TokenizerWrapper, flush: bool = True
+        self, sample: Sample, ending: Ending | None, tokenizer: TokenizerWrapper
     ) -> tuple[list[Delta | Done], bool]:
         """The messages for a taken token, and whether a stop string (or a finished tool
-        block) ends the request here though `take` did not. With `flush` False its output
-        waits for the next token's Delta: a speculative step's run goes out as one."""
+        block) ends the request here though `take` did not."""
         self.unsent_ids.append(sample.token)
+        self.unsent_accepted += sample.accepted
         self.streamed += 1
         if sample.logprob is not None:
             self.unsent_logprobs.append(_logprob(tokenizer, sample))
         if ending == "eos":
-            return self._final(self._sent().add(self.answer.finish(complete=True)), "stop"), False
+            return self._final(self.answer.finish(complete=True), "stop"), False
         piece, hit = self.answer.push(sample.token)
-        self.unsent.add(piece)
         if hit:  # tokens taken after it (a speculative step's run) were never answered
             del self.generated[self.streamed :]
         if hit or ending == "grammar":
-            return self._final(self._sent().add(self.answer.finish(complete=True)), "stop"), hit
+            return self._final(piece.add(self.answer.finish(complete=True)), "stop"), hit
         if ending == "length":
-            return self._final(
-                self._sent().add(self.answer.finish(complete=False)), "length"
-            ), False
-        if not flush:
-            return [], False
-        delta = self._delta(self._sent(), final=False)
+            return self._final(piece.add(self.answer.finish(complete=False)), "length"), False
+        delta = self._delta(piece, final=False)
         return ([delta] if delta else []), False
-
-    def _sent(self) -> Piece:
-        """The output waiting to be sent, handed over (and no longer waiting)."""
-        piece, self.unsent = self.unsent, Piece()
-        return piece
 
     def _final(self, piece: Piece, reason: FinishReason) -> list[Delta | Done]:
         delta = self._delta(piece, final=True)
@@ -123,9 +113,10 @@ class Request:
             reasoning=piece.reasoning,
             tool_calls=piece.tool_calls,
             token_ids=self.unsent_ids,
+            accepted=self.unsent_accepted,
             logprobs=self.unsent_logprobs or None,
         )
-        self.unsent_ids, self.unsent_logprobs = [], []
+        self.unsent_ids, self.unsent_logprobs, self.unsent_accepted = [], [], 0
         return delta
 
     def done(self, reason: FinishReason) -> Done:

@@ -27,6 +27,7 @@ class Sample:
     token: int
     logprob: float | None = None
     top: list[tuple[int, float]] = field(default_factory=list)
+    accepted: bool = False  # a speculative step's proposal, accepted (not sampled there)
 
 
 class RequestSampler:

@@ -189,16 +189,17 @@ class Scheduler:
                 continue  # removed next step
             if request.first_token_at is not None:
                 self.speculator.count(request, len(run))
-            for token, logprob, top in run:
-                if not self._take(request, token, logprob, top, now):
+            for index, (token, logprob, top) in enumerate(run):
+                accepted = index + 1 < len(run)  # the run's last token is the step's own
+                if not self._take(request, Sample(token, logprob, top, accepted), now):
                     break
 
-    def _take(
-        self, request: Request, token: int, logprob: float | None, top: list, now: float
-    ) -> bool:
+    def _take(self, request: Request, drawn: Sample, now: float) -> bool:
         """Take one sampled token of a request; False once the request ended."""
         params = request.submit.params
-        sample = Sample(token, logprob if params.logprobs else None, top[: params.top_logprobs])
+        logprob = drawn.logprob if params.logprobs else None
+        sample = Sample(drawn.token, logprob, drawn.top[: params.top_logprobs], drawn.accepted)
+        token = drawn.token
         if request.first_token_at is None:
             request.first_token_at = now
             self.prefix.prefilled(request.seq_id)
@@ -213,16 +214,13 @@ class Scheduler:
         return ending is None
 
     def stream_pending(self) -> None:
-        """Text, reasoning and tool calls of the tokens taken so far, as messages: one
-        Delta a request (a speculative step's run of tokens goes out as one message)."""
+        """Text, reasoning and tool calls of the tokens taken so far, as messages."""
         items, self.streaming = self.streaming, []
-        for index, (request, sample, ending) in enumerate(items):
+        for request, sample, ending in items:
             if request.ended:
                 continue
-            flush = index + 1 == len(items) or items[index + 1][0] is not request
             try:
-                tokenizer = self.requests.tokenizer
-                messages, stopped = request.stream(sample, ending, tokenizer, flush)
+                messages, stopped = request.stream(sample, ending, self.requests.tokenizer)
             except Exception as exc:
                 self.requests.fail(request, exc)
                 continue

@@ -55,6 +55,7 @@ def generate(
     for submit in submits:
         scheduler.requests.submit("conn", submit)
     tokens: dict[str, list[int]] = {s.id: [] for s in submits}
+    accepted: dict[str, int] = {s.id: 0 for s in submits}
     done: dict[str, Done] = {}
     while scheduler.has_work(engine):
         plan = StepPlan.decode(scheduler.build_plan(engine).encode())
@@ -65,9 +66,13 @@ def generate(
             assert not isinstance(message, Error), message
             if isinstance(message, Delta):
                 tokens[message.id] += message.token_ids
+                accepted[message.id] += message.accepted
             elif isinstance(message, Done):
                 done[message.id] = message
         scheduler.requests.outbox = []
+    for key, count in accepted.items():  # the Deltas say which tokens were proposals
+        total = done[key].timings.accepted_tokens  # a run cut by a stop string sends less
+        assert total - speculator.tokens <= count <= total, (key, count, done[key].timings)
     return {key: (tokens[key], done[key]) for key in tokens}
 
 
