@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -90,16 +91,18 @@ class Exchange:
         return max((_largest(event, CACHED_KEYS) for event in self.events()), default=0)
 
     def first_text_s(self) -> float | None:
-        """Seconds from the request to the first piece carrying generated text or a call."""
+        """Seconds from the request to the first piece carrying generated text or a call's
+        arguments (the time to first token as the agent saw it)."""
         for at, piece in self.pieces:
-            if any(marker in piece for marker in FIRST_OUTPUT):
+            if FIRST_OUTPUT.search(piece):
                 return at
         return None
 
 
 CACHED_KEYS = ("cache_read_input_tokens", "cached_tokens")
-# What the first generated piece of each API's stream carries.
-FIRST_OUTPUT = (b'"text_delta"', b'"input_json_delta"', b"output_text.delta", b'"content":"')
+# A non-empty string under the key each API streams its output in: Anthropic's text and
+# partial_json, the Responses API's delta, chat completions' content and arguments.
+FIRST_OUTPUT = re.compile(rb'"(?:text|partial_json|delta|content|arguments)"\s*:\s*"(?!")')
 
 
 def _largest(tree: Any, keys: tuple[str, ...]) -> int:
@@ -115,6 +118,7 @@ def _largest(tree: Any, keys: tuple[str, ...]) -> int:
 class AgentProxy:
     upstream: str  # api.py's base URL
     force: ForcedCall | None = None
+    cap: int | None = None  # answers' tokens at most (the benchmark's: time to first token)
     exchanges: list[Exchange] = field(default_factory=list)
 
     @property
@@ -144,6 +148,9 @@ class AgentProxy:
                     body = json.loads(raw)
                     if proxy.force is not None:
                         proxy.force.apply(self.path, body)
+                    for key in ("max_tokens", "max_output_tokens", "max_completion_tokens"):
+                        if proxy.cap is not None and key in body:
+                            body[key] = min(body[key], proxy.cap)
                     exchange = Exchange(self.path, body)
                     proxy.exchanges.append(exchange)
                     raw = json.dumps(body).encode()

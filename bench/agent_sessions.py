@@ -1,0 +1,144 @@
+"""New sessions of the real coding agents (bench/agents.py): the time to first token of each
+session's first request, cold, in a second session, and after `./launch.sh restart`, and
+of a later turn, with the prompt tokens the server took from its prefix cache.
+
+    .venv/bin/python -m bench.agent_sessions [--ranks 1 2] [--agents claude codex opencode]
+
+The server is ours through launch.sh, serving the default model (SmolLM2-135M, float32)
+with 32,768 positions (the agents' prompts run 6-13K tokens; bench/claude_code.py's
+copy of the weights), its prefix cache on disk in a fresh directory. Each session is a new
+process in the same project directory with one home directory, as a user's are; the
+recording proxy (bench/agent_proxy.py) forces the first request's tool call (the agent
+reads a file, so a later turn follows with the result) and caps answers at --max-tokens:
+what is measured is the prompt's reuse, not the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.agent_proxy import AgentProxy, Exchange, ForcedCall
+from bench.agents import AGENTS, Session, run
+from bench.claude_code import long_variant
+from bench.compare import resolve_model_dir
+from bench.servers import ROOT, Ours, log, wait_quiet
+from launcher.cpu_layer import preload
+
+ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is notes.txt empty?"]
+
+
+def forced(agent: str, project: Path) -> ForcedCall:
+    """The tool call each agent's first request makes: read notes.txt."""
+    target = str(project / "notes.txt")
+    return {
+        "claude": ForcedCall("Read", {"file_path": target}),
+        "codex": ForcedCall("exec_command", {"cmd": "cat notes.txt"}),
+        "opencode": ForcedCall("read", {"filePath": target}),
+    }[agent]
+
+
+def session(agent: str, base_url: str, work: Path, ask: str, cap: int) -> list[dict[str, Any]]:
+    """One session; per request with tools: its time to first output and cached tokens."""
+    project = work / f"{agent}-project"
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "notes.txt").write_text("remember the ring\n")
+    proxy = AgentProxy(base_url, forced(agent, project), cap=cap)
+    try:
+        done = run(Session(agent, project, work / f"{agent}-home", ask), proxy.base_url)
+    finally:
+        proxy.close()
+    if done.returncode != 0:
+        log(f"{agent} exited {done.returncode}: {done.stderr[-300:]}")
+    return [_figures(e) for e in proxy.exchanges if e.body.get("tools")]
+
+
+def _figures(exchange: Exchange) -> dict[str, Any]:
+    return {"ttft_s": exchange.first_text_s(), "cached_tokens": exchange.cached_tokens()}
+
+
+def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: Path) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-agent-sessions-"))
+    env = env | {"PREFIX_CACHE_DIR": str(workdir / "prefix-cache"), "KEEP_WARM_SECONDS": "0"}
+    server = Ours(ranks, env, model, workdir)
+    wait_quiet(args.max_load, args.load_patience)
+    rows: dict[str, dict[str, Any]] = {}
+    server.start()
+    try:
+        for agent in args.agents:
+            first = session(agent, server.endpoint.url, workdir, ASKS[0], args.max_tokens)
+            second = session(agent, server.endpoint.url, workdir, ASKS[1], args.max_tokens)
+            rows[agent] = {"first": first, "second": second}
+            log(f"{ranks} rank(s), {agent}: {json.dumps(rows[agent])}")
+        server.restart()
+        for agent in args.agents:
+            rows[agent]["restart"] = session(
+                agent, server.endpoint.url, workdir, ASKS[2], args.max_tokens
+            )
+            log(f"{ranks} rank(s), {agent} after restart: {json.dumps(rows[agent]['restart'])}")
+    finally:
+        server.stop()
+    return rows
+
+
+def _cell(requests: list[dict[str, Any]], index: int) -> str:
+    if len(requests) <= index or requests[index]["ttft_s"] is None:
+        return "-"
+    request = requests[index]
+    return f"{request['ttft_s']:.2f} s ({request['cached_tokens']} cached)"
+
+
+def markdown(results: dict[int, dict], started: str, args: argparse.Namespace) -> str:
+    lines = [
+        f"Agent sessions ({started}, `python -m bench.agent_sessions --ranks "
+        f"{' '.join(map(str, args.ranks))}`): time to first token (cached prompt tokens)",
+        "",
+        "| ranks | agent | first session, first request | its later turn | second session "
+        "| after restart |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for ranks, by_agent in results.items():
+        for agent, row in by_agent.items():
+            lines.append(
+                f"| {ranks} | {agent} | {_cell(row['first'], 0)} | {_cell(row['first'], 1)} | "
+                f"{_cell(row['second'], 0)} | {_cell(row.get('restart', []), 0)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS))
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--positions", type=int, default=32768)
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
+    parser.add_argument("--max-load", type=float, default=1.5)
+    parser.add_argument("--load-patience", type=float, default=600.0)
+    parser.add_argument(
+        "--markdown", type=Path, default=ROOT / "run" / "bench" / "agent_sessions.md"
+    )
+    args = parser.parse_args(argv)
+    env = os.environ.copy() | {"MODEL": "", "MODEL_CACHE_DIR": str(args.cache_dir)}
+    env |= preload(env, few_rows=False)
+    base = resolve_model_dir(env)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results = {}
+    model = long_variant(base, args.cache_dir / f"long-{base.name}", args.positions)
+    for ranks in args.ranks:
+        results[ranks] = run_ranks(ranks, args, env, model)
+    text = markdown(results, started, args)
+    print(text)
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(text)
+    args.markdown.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
