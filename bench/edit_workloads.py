@@ -48,7 +48,15 @@ def _last(change: str, name: str, language: str, ending: str) -> list[dict]:
 
 
 WHOLE = "Reply with the complete file in one code block and nothing else."
-PROSE = "First say in one sentence what you change, then give the complete file."
+
+
+def _prose_first() -> list[dict]:
+    """An answer that opens with a sentence, then writes the file out."""
+    user = (
+        "Explain in one sentence what you will change, then write out the complete JSON with "
+        f"one change: turn split_payments on.\n\n```json\n{_file('settings.json')}```"
+    )
+    return [{"role": "user", "content": user}]
 
 
 def _edit_call() -> list[dict]:
@@ -97,11 +105,7 @@ WORKLOADS = [
         _first("turn split_payments on and use 8 workers", "settings.json", "json", WHOLE),
         400,
     ),
-    Workload(
-        "javascript 540, prose first",
-        _last("count requests per method", "server.js", "javascript", PROSE),
-        750,
-    ),
+    Workload("json 300, prose first", _prose_first(), 450),
     Workload(
         "javascript 1600", _last("products cost 10% more", "store.js", "javascript", WHOLE), 1800
     ),

@@ -1,7 +1,7 @@
 """Speculation on edit and tool-argument workloads it was not tuned on (bench/edit_workloads.py),
 against mlx_lm.server given our kernels, at 1 and 2 ranks.
 
-    .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 4] [--markdown FILE]
+    .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 8] [--markdown FILE]
 
 For each rank count, three servers on the same model, one after another: ours with
 SPECULATIVE=auto, ours with SPECULATIVE=off and mlx_lm.server with our few-row sgemm
@@ -167,7 +167,7 @@ def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--spec-tokens", type=int, default=4)
+    parser.add_argument("--spec-tokens", type=int, default=8)
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--load-patience", type=float, default=600.0)

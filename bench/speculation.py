@@ -238,7 +238,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--alternate", type=int, default=0, help="rounds of the aggregate alone, on then off"
     )
     parser.add_argument(
-        "--spec-tokens", type=int, nargs="+", default=[4], help="SPEC_TOKENS of each 'spec on'"
+        "--spec-tokens", type=int, nargs="+", default=[8], help="SPEC_TOKENS of each 'spec on'"
     )
     parser.add_argument(
         "--servers", nargs="*", default=["off", "peer-rows"], help="also: off, peer-rows"

@@ -156,7 +156,7 @@ class Settings(BaseSettings):
     # auto: rank 0 proposes up to SPEC_TOKENS tokens a row by prompt lookup and every rank
     # verifies them in the step's one forward (leader/speculation.py)
     speculative: Literal["auto", "always", "off"] = "auto"
-    spec_tokens: int = Field(default=4, ge=1, le=64)
+    spec_tokens: int = Field(default=8, ge=1, le=64)
     # a smaller model with the served model's tokenizer, run on rank 0 alone, that proposes
     # where prompt lookup finds nothing (leader/draft_model.py); empty: none. Resolved as
     # MODEL is (a directory, a Hugging Face repo id, a .gguf file)
