@@ -229,7 +229,10 @@ class Leader:
             # step's decode part counts as rows x positions (skipping those steps starved
             # a 32K-token prompt beside 4 speculating answers: no credit in 300 s)
             scheduler.prefill_budget.observe(
-                len(plan.tokens) * width, result.prefill_forwards, self.last_step_ms
+                len(plan.tokens) * width,
+                result.prefill_forwards,
+                self.last_step_ms,
+                waiting=plan.prefill is not None,
             )
         if log.isEnabledFor(logging.DEBUG):
             after = (self.broadcaster.collective_seconds, self._forward_collectives())

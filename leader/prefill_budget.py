@@ -9,25 +9,31 @@ credit, at least MIN_CHUNK; while the credit does not cover the smallest chunk (
 context makes even a few tokens cost more than one step's allowance) steps only decode,
 saving up to SAVED_STEPS steps' allowance, so a prefill step's latency stays bounded.
 
-The step-time model, fitted from rank 0's own steps: a decode step of B rows costs D(B)
-(running average of decode-only steps by rows); a prefill forward of c tokens that starts
-at context position L costs f + g L + a c + b c (L + c / 2): a fixed cost (the weights,
-the dispatch), reading the cache, a cost per token (the products), and attention over the
-cache, which grows with the context and dominates a long prefill on a CPU. The
-coefficients come from a least-squares fit, none negative, over recent prefill steps (their
-time less the predicted decode part), weighted toward recent steps, over a weak, optimistic
-prior; a chunk is never more than twice the largest prefill forward measured, so the model
-is not trusted far beyond its data (and steps of growing chunks give the fit the spread of
-sizes that tells the costs apart). Every rank
-applies rank 0's number from the step plan; nothing here reads another rank's clock.
+The step-time model, fitted from rank 0's own steps: a decode step of B rows costs D(B),
+the median of the last QUIET_STEPS decode-only steps of B rows taken while no prompt
+waited (a running average of every decode step read 17 ms for steps of 5-7 ms: one slow
+step in ten weighs in it, and decode-only steps between prefill chunks carry some of the
+chunk's work still finishing on another rank; docs/BENCHMARKS.md); a prefill forward of c
+tokens that starts at context position L costs f + g L + a c + b c (L + c / 2): a fixed
+cost (the weights, the dispatch), reading the cache, a cost per token (the products), and
+attention over the cache, which grows with the context and dominates a long prefill on a
+CPU. The coefficients come from a least-squares fit, none negative, over recent prefill
+steps (their time less the predicted decode part), weighted toward recent steps, over a
+weak, optimistic prior; a chunk is never more than twice the largest prefill forward
+measured, so the model is not trusted far beyond its data (and steps of growing chunks give
+the fit the spread of sizes that tells the costs apart). Every rank applies rank 0's number
+from the step plan; nothing here reads another rank's clock.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from statistics import median
+
 import numpy as np
 
 MIN_CHUNK = 16
-AVERAGE = 0.2  # weight of a new decode-step measurement in its running average
+QUIET_STEPS = 32  # decode-only steps, with no prompt waiting, a decode cost is the median of
 FORGET = 0.98  # weight the fit keeps of the past at each prefill step
 SAVED_STEPS = 2  # the most steps' allowance the credit holds
 # Features are scaled so the prior's weight means the same in each: per forward, per 10K
@@ -70,7 +76,7 @@ class PrefillBudget:
         self.alone = alone
         self.slowdown = slowdown
         self.min_chunk = min(min_chunk, alone)
-        self.decode_ms: dict[int, float] = {}
+        self.quiet: dict[int, deque[float]] = {}  # decode-only step ms by rows, none waiting
         self.largest = 0  # the most tokens of one prefill forward measured
         self.credit = 0.0  # ms of prefill the answers have allowed and not yet spent
         self._gram = np.eye(4) * _PRIOR_WEIGHT
@@ -79,8 +85,11 @@ class PrefillBudget:
 
     # ---- measurements ------------------------------------------------------------
 
-    def observe(self, rows: int, pieces: list[tuple[int, int]], ms: float) -> None:
-        """A step's time: `rows` decoding rows and prefill forwards `pieces`."""
+    def observe(
+        self, rows: int, pieces: list[tuple[int, int]], ms: float, waiting: bool = False
+    ) -> None:
+        """A step's time: `rows` decoding rows and prefill forwards `pieces`; `waiting`: a
+        prompt was waiting to prefill (the step's plan carried a budget)."""
         x = _features(pieces)
         self.largest = max([self.largest, *(tokens for _, tokens in pieces)])
         decode_ms = self.decode(rows) if rows else None
@@ -89,9 +98,8 @@ class PrefillBudget:
             spent = max(0.0, ms - decode_ms) if x.any() else 0.0
             self.credit = min(SAVED_STEPS * allowance, self.credit + allowance - spent)
         if not x.any():
-            if rows:
-                before = self.decode_ms.get(rows)
-                self.decode_ms[rows] = ms if before is None else before + AVERAGE * (ms - before)
+            if rows and not waiting:
+                self.quiet.setdefault(rows, deque(maxlen=QUIET_STEPS)).append(ms)
             return
         prefill_ms = ms - (decode_ms or 0.0)
         if prefill_ms <= 0:
@@ -103,12 +111,10 @@ class PrefillBudget:
 
     def decode(self, rows: int) -> float | None:
         """A decode step's ms for `rows` rows (the nearest measured count's)."""
-        if rows in self.decode_ms:
-            return self.decode_ms[rows]
-        if not self.decode_ms:
+        if not self.quiet:
             return None
-        near = min(self.decode_ms, key=lambda r: abs(r - rows))
-        return self.decode_ms[near]
+        near = min(self.quiet, key=lambda r: abs(r - rows))
+        return median(self.quiet[near])
 
     def predict(self, pieces: list[tuple[int, int]]) -> float:
         """Milliseconds the prefill forwards `pieces` add to a step."""

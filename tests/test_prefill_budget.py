@@ -102,3 +102,17 @@ def test_a_larger_slowdown_gives_larger_chunks():
     budget.slowdown = 3.0
     large = prefill_beside_answers(budget, 10000, 2000)
     assert len(large) < len(small)
+
+
+def test_the_decode_cost_is_the_median_of_quiet_steps():
+    """One slow step in five (another process, a collection) does not raise the cost the
+    answers' allowance is measured by; nor do decode-only steps taken while a prompt
+    waits (they carry work of the chunk before them still finishing elsewhere)."""
+    budget = PrefillBudget(alone=2048, slowdown=2.0)
+    for step in range(40):
+        budget.observe(4, [], 20.0 if step % 5 == 0 else 5.0)
+    assert budget.decode(4) == 5.0
+    for _ in range(40):
+        budget.observe(4, [], 25.0, waiting=True)
+    assert budget.decode(4) == 5.0
+    assert budget.decode(3) == 5.0 and budget.decode(16) == 5.0  # the nearest count measured
