@@ -77,9 +77,9 @@ class PendingStep:
         for entries, _, batch_cache in self.finished:
             engine._join(entries, batch_cache)
         engine.step_index += 1
-        if engine.memory.due():  # one DEBUG line a minute (engine/memory_report.py)
+        if engine.memory.due():  # the heap's free pages back (engine/memory_report.py)
             caches = [engine._decode_cache or [], *(p.cache for p in engine.prefilling)]
-            engine.memory.log(caches, engine.prefix.nbytes, engine.compiled)
+            engine.memory.upkeep(caches, engine.prefix.nbytes, engine.compiled)
         return StepResult(
             self.seq_ids,
             self.logits,

@@ -39,7 +39,6 @@ from mlx_lm.models.cache import BatchKVCache
 
 from distributed.head_positions import computing
 from distributed.overhead import MAX_TRACES
-from engine.heap import release_freed
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +48,10 @@ STEP = 64  # positions a buffer grows by
 # each on the CPU (the default model, one rank: 100 traces held 268 MB). A long context
 # and speculation's widths would make their number grow without bound, so at most
 # MAX_TRACES are kept, the least recently used dropped first (a dropped shape that comes
-# back is traced again, 80-150 ms); every TRIM_EVERY drops the heaps' freed pages go back
-# to the system (engine/heap.py: glibc keeps a dropped trace's memory resident
-# otherwise, 98 MB after 100 traces dropped). The plan counts MAX_TRACES traces in each
-# rank's memory (distributed/overhead.py, where MAX_TRACES is set).
-TRIM_EVERY = 16
+# back is traced again, 80-150 ms). A dropped trace's memory stays resident in glibc's
+# heaps until the rank gives their free pages back (engine/memory_report.py, every 10 s
+# of work). The plan counts MAX_TRACES traces in each rank's memory
+# (distributed/overhead.py, where MAX_TRACES is set).
 
 
 class _Slot:
@@ -186,8 +184,6 @@ class CompiledDecode:
         while len(self._traces) >= self.max_traces:
             self._traces.popitem(last=False)
             self.dropped += 1
-            if self.dropped % TRIM_EVERY == 0:
-                release_freed()
         compiled = mx.compile(self._forward)
         self._traces[shape] = compiled
         log.debug("compiled decode: traced batch %d x %d positions over %d", *shape)

@@ -1,8 +1,16 @@
-"""A rank's memory while it works, one DEBUG line a minute: resident memory split into what
-MLX's arrays hold (the running batch's KV, the prefix cache's entries, the weights and the
-rest), MLX's buffer cache, the C heap's free but resident bytes (engine/heap.py), and the
-compiled decode's traces. The agent soak (tests/test_agent_soak.py) reads these lines to
-say where memory beyond weights, KV and the prefix cache goes.
+"""A rank's memory while it works: every UPKEEP_S of work, the C heap's free pages go back
+to the system (engine/heap.py), and once a minute a DEBUG line splits the resident memory
+into what MLX's arrays hold (the running batch's KV, the prefix cache's entries, the
+weights and the rest), MLX's buffer cache, the C heap's free but resident bytes and the
+compiled decode's traces.
+
+Why the upkeep: MLX's CPU backend allocates its buffers with malloc, and a decode step's
+KV buffers grow by 64 positions at a time, so every size is new and the freed ones leave
+holes glibc keeps resident. In an agent soak (6 clients, 2 ranks, the default model) rank
+0's heap held 1,156 MiB free after 5 minutes, beside 1,121 MiB of live arrays: the growth
+beyond weights, KV and the prefix cache that issue 37 measured (docs/BENCHMARKS.md,
+"Memory under agent traffic"). The agent soak (tests/test_agent_soak.py) prints the
+ranks' last lines.
 """
 
 from __future__ import annotations
@@ -17,10 +25,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.compiled_decode import CompiledDecode
-from engine.heap import heap_stats
+from engine.heap import heap_stats, release_freed
 
 log = logging.getLogger("ring.memory")
-INTERVAL_S = 60.0
+UPKEEP_S = 10.0  # of work between giving the heap's free pages back
+LOG_S = 60.0  # between DEBUG lines
 MIB = 2**20
 
 
@@ -64,22 +73,21 @@ class MemoryFigures:
             f"decode traces kept, {self.dropped} dropped"
         )
 
+    def trimmed(self, after: int | None, seconds: float) -> str:
+        """The line of an upkeep that gave free pages back."""
+        gave = "?" if self.rss is None or after is None else f"{(self.rss - after) / MIB:.0f}"
+        return f"{self.line()}; gave back {gave} MiB in {seconds * 1000:.1f} ms"
+
 
 class MemoryReport:
-    """Logs the figures at most once every `interval_s` of work (DEBUG only)."""
+    """The upkeep, due every `upkeep_s` of work; a DEBUG line every `log_s`."""
 
-    def __init__(self, interval_s: float = INTERVAL_S) -> None:
-        self.interval_s = interval_s
-        self.last = time.monotonic()
+    def __init__(self, upkeep_s: float = UPKEEP_S, log_s: float = LOG_S) -> None:
+        self.upkeep_s, self.log_s = upkeep_s, log_s
+        self.last = self.logged = time.monotonic()
 
     def due(self) -> bool:
-        if not log.isEnabledFor(logging.DEBUG):
-            return False
-        now = time.monotonic()
-        if now - self.last < self.interval_s:
-            return False
-        self.last = now
-        return True
+        return time.monotonic() - self.last >= self.upkeep_s
 
     @staticmethod
     def figures(
@@ -97,7 +105,17 @@ class MemoryReport:
             dropped=compiled.dropped if compiled is not None else 0,
         )
 
-    def log(self, caches: Iterable[list], prefix: int, compiled: CompiledDecode | None) -> None:
-        """`caches`: the running batch's (each a list of layers); `prefix`: the prefix
-        cache's bytes on this rank."""
-        log.debug("%s", self.figures(caches, prefix, compiled).line())
+    def upkeep(self, caches: Iterable[list], prefix: int, compiled: CompiledDecode | None) -> None:
+        """Give the heap's free pages back; the DEBUG line when one is due. `caches`: the
+        running batch's (each a list of layers); `prefix`: the prefix cache's bytes on
+        this rank."""
+        now = time.monotonic()
+        self.last = now
+        line = log.isEnabledFor(logging.DEBUG) and now - self.logged >= self.log_s
+        figures = self.figures(caches, prefix, compiled) if line else None
+        started = time.perf_counter()
+        release_freed()
+        if figures is not None:
+            self.logged = now
+            seconds = time.perf_counter() - started
+            log.debug("%s", figures.trimmed(resident_bytes(), seconds))
