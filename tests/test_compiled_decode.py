@@ -161,3 +161,13 @@ def test_a_forward_that_does_not_trace_decodes_eagerly(model, caplog):
     for (ids, eager), (same_ids, logits) in zip(run(model, None)[:20], steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
+
+
+def test_the_least_recently_used_trace_is_dropped_first(model):
+    compiled = CompiledDecode(model, max_traces=2)
+    one, two, three = (1, 1, 64), (1, 2, 64), (2, 1, 64)
+    kept = compiled._compiled(one)
+    compiled._compiled(two)
+    assert compiled._compiled(one) is kept  # used again: now the most recent
+    compiled._compiled(three)
+    assert compiled.shapes == [one, three] and compiled.dropped == 1
