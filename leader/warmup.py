@@ -111,7 +111,7 @@ class WarmUp:
         phases = [Phase([one]), Phase([chunked], chunk=WARM_CHUNK)]
         if batch < 2:
             return phases
-        wide = [w for w in dict.fromkeys([2, top]) if w <= top and 2 * w <= MAX_ROWS]
+        wide = [w for w in dict.fromkeys([2, top]) if 2 <= w <= top and 2 * w <= MAX_ROWS]
         sampled = SamplingParams(
             max_tokens=len(wide) + 3,
             temperature=0.7,
@@ -139,10 +139,6 @@ class WarmUp:
             ),
         ]
         return [*phases, Phase(pair)]
-
-    @property
-    def planned_requests(self) -> int:
-        return sum(len(phase.requests) for phase in self.phases)
 
     def submit_next(self, requests: Requests) -> bool:
         """Queue the next phase's requests (those the context holds); False when none is
@@ -176,10 +172,9 @@ class WarmUp:
         """Force this step's widths (proposals the speculator never made, so never
         accepted) and the phase's prefill chunk; `decoding`: the plan's decode rows."""
         self.steps += 1
-        if self.current is not None and self.current.chunk is not None and plan.prefill is None:
-            plan.prefill = self.current.chunk
-        elif self.current is not None and self.current.chunk is not None:
-            plan.prefill = min(plan.prefill or self.current.chunk, self.current.chunk)
+        chunk = self.current.chunk if self.current is not None else None
+        if chunk is not None:
+            plan.prefill = min(plan.prefill or chunk, chunk)
         if self.widest < 2 or not decoding:
             return
         widths = [self._width(requests.active.get(seq_id)) for seq_id in decoding]
