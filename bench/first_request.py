@@ -10,9 +10,10 @@ as on a machine whose /tmp was emptied, without touching the shared /tmp/mlx
 (--warm-cache keeps the usual TMPDIR). Then sends --requests identical chats (what
 `./launch.sh test` sends: "What is the capital of France?", greedy, 32 tokens) one after
 another and reports each one's time as the client saw it (round trip) and as rank 0
-measured it (`performance.total_time`), the first against the last; the same again after
-SIGKILL of rank 1, once the supervisor has the job serving again. The warm-up's own time
-is read from server.log ("warm-up: ... in X s").
+measured it (`performance.total_time`), the first against the last, and one more after
+--idle seconds without work (a control: as long a pause as the first had, no first
+use); the same again after SIGKILL of rank 1, once the supervisor has the job serving
+again. The warm-up's own time is read from server.log ("warm-up: ... steps, X s").
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ def ask(url: str, max_tokens: int) -> tuple[float, float]:
     return elapsed, float(response.json().get("performance", {}).get("total_time", 0.0))
 
 
-def series(url: str, count: int, max_tokens: int) -> list[tuple[float, float]]:
-    return [ask(url, max_tokens) for _ in range(count)]
+def series(url: str, count: int, max_tokens: int, idle_s: float) -> list[tuple[float, float]]:
+    """`count` requests back to back, then one more after `idle_s` idle (the control: a
+    request after as long a pause as the first one had, without its first use)."""
+    times = [ask(url, max_tokens) for _ in range(count)]
+    time.sleep(idle_s)
+    return [*times, ask(url, max_tokens)]
 
 
 def wait_ready(url: str, timeout: float) -> float:
@@ -73,7 +78,8 @@ def warmups(log_text: str) -> list[float]:
     return [float(found["seconds"]) for found in WARMED.finditer(log_text)]
 
 
-def row(name: str, times: list[tuple[float, float]]) -> dict:
+def row(name: str, all_times: list[tuple[float, float]]) -> dict:
+    times, control = all_times[:-1], all_times[-1]
     first, last = times[0], times[-1]
     return {
         "case": name,
@@ -86,6 +92,7 @@ def row(name: str, times: list[tuple[float, float]]) -> dict:
         "later_median_rank0_s": round(statistics.median(t[1] for t in times[1:]), 3),
         "all_round_trips_s": [round(t[0], 3) for t in times],
         "all_rank0_s": [round(t[1], 3) for t in times],
+        "after_idle_rank0_s": round(control[1], 3),
     }
 
 
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warm-cache", action="store_true", help="keep MLX's kernel cache")
+    parser.add_argument("--idle", type=float, default=5.0, help="the control's pause (s)")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     url = server.endpoint.url
     rows = []
     try:
-        rows.append(row("after start", series(url, args.requests, args.max_tokens)))
+        rows.append(row("after start", series(url, args.requests, args.max_tokens, args.idle)))
         rows[-1]["start_s"] = round(start_s, 1)
         rank1 = int((ROOT / "run" / "rank-1.pid").read_text())
         os.kill(rank1, signal.SIGKILL)
@@ -135,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # the supervisor notices; /health turns 503
         wait_ready(url, 600)
         restart_s = time.monotonic() - killed
-        rows.append(row("after a supervisor restart", series(url, args.requests, args.max_tokens)))
+        rows.append(
+            row(
+                "after a supervisor restart", series(url, args.requests, args.max_tokens, args.idle)
+            )
+        )
         rows[-1]["restart_s"] = round(restart_s, 1)
     finally:
         server.stop()
