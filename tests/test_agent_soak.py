@@ -36,7 +36,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Project:
     if not SECONDS:
         pytest.skip("the agent soak is opt-in: AGENT_SOAK_SECONDS=1800 runs the 30-minute one")
     root = tmp_path_factory.mktemp("agent-soak") / "project"
-    env = f"NUM_DEVICES=2\nPREFIX_CACHE_BYTES={BUDGET}\nLOG_LEVEL=DEBUG\n"
+    # REQUEST_TIMEOUT_SECONDS: on the development VM (2 cores, shared) 6 agents got 5-6
+    # tokens a second in all, and an edit of 320 tokens beside 5 other sessions' prefills
+    # outlasted the default 300 s (5 of 127 requests in a 30-minute run)
+    env = (
+        f"NUM_DEVICES=2\nPREFIX_CACHE_BYTES={BUDGET}\nLOG_LEVEL=DEBUG\n"
+        "REQUEST_TIMEOUT_SECONDS=1800\n"
+    )
     project = copy_project(root, env)
     done = project.launch("start", timeout=START_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
