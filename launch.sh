@@ -39,17 +39,8 @@ show_tail() { # show_tail FILE [LINES]
 
 # ---- settings ---------------------------------------------------------------------------
 
-load_settings() { # validate .env + environment; one line per bad variable, exit 2
-    mkdir -p "$RUN"
-    local out
-    if ! out="$("$PY" -m config 2>&1)"; then
-        printf '%s\n' "$out" | sed 's/^error: //; s/^/error: /' >&2
-        exit 2
-    fi
-    printf '%s\n' "$out" >"$SETTINGS"
-}
-
-cfg() { sed -n "s/^$1=//p" "$SETTINGS" | head -n 1; }
+# shellcheck source=scripts/settings.sh
+source "$ROOT/scripts/settings.sh" # load_settings, cfg, the settings recorded at start
 
 api_url() {
     local host
@@ -125,6 +116,7 @@ start_supervisor() { # it starts the ranks, then api.py; we print its progress u
     step "Supervisor: starts the ranks and api.py, and starts again what ends -> supervisor.log"
     rm -f "$RUN/start.progress" "$RUN/start.failed"
     printf '\n==== %s start\n' "$(date '+%Y-%m-%d %H:%M:%S')" >>"$SUP_LOG"
+    record_settings
     detached "$PY" -m launcher.supervisor run --model-dir "$MODEL_DIR" </dev/null >>"$SUP_LOG" 2>&1 &
     pid=$!
     echo "$pid" >"$SUP_PID"
@@ -136,6 +128,7 @@ start_supervisor() { # it starts the ranks, then api.py; we print its progress u
 cmd_start() { # [--foreground]: run the supervisor in this process (launchd, systemd)
     local foreground="${1:-}"
     setup_venv
+    [[ -n "$foreground" ]] && recorded_settings # the service's starts restart what ran
     step "Settings (.env, environment overrides)"
     load_settings
     info "$(remote_mode && echo "remote mode: this host + WORKER_HOSTS=$(cfg WORKER_HOSTS)" ||
@@ -156,6 +149,7 @@ cmd_start() { # [--foreground]: run the supervisor in this process (launchd, sys
     show_plan
     if [[ -n "$foreground" ]]; then
         step "Supervisor in the foreground (pid $$) -> supervisor.log"
+        record_settings
         exec "$PY" -m launcher.supervisor run --model-dir "$MODEL_DIR" --foreground \
             </dev/null >>"$SUP_LOG" 2>&1
     fi
@@ -167,6 +161,16 @@ cmd_start() { # [--foreground]: run the supervisor in this process (launchd, sys
     curl $url/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 EOF
+}
+
+cmd_restart() { # stop, then start with the settings in force and this environment's
+    recorded_settings
+    if [[ -x "$PY" ]]; then
+        step "Restart: the settings in force, changed by this command's environment"
+        load_settings # a bad setting fails here, before anything is stopped
+        show_setting_changes
+    fi
+    cmd_stop && cmd_start
 }
 
 # ---- stop -------------------------------------------------------------------------------
@@ -263,6 +267,7 @@ cmd_status() {
     local health
     health="$(API_KEY="$(cfg API_KEY)" "$PY" scripts/api_check.py health "$url")" || ok=1
     echo "health: $health"
+    "$PY" -m launcher.settings_record show
     return $ok
 }
 
@@ -309,9 +314,13 @@ Usage: ./launch.sh COMMAND
             again whatever ends; wait until /health is ready. --foreground: the
             supervisor runs in this process instead (what the boot service runs)
   stop      end the supervisor, api.py and every rank (local and remote); safe to repeat
-  restart   stop, then start
+  restart   stop, then start with the settings in force: those the last start was given
+            in its environment are kept; environment settings given to restart change
+            them, a line naming each change (old -> new). Every command but a plain start
+            (which begins from .env and its own environment) works on what was started
   status    the supervisor (restarts, last failure), each rank and host, rank 0's state
-            and plan, the API's health (exit 0 only when everything is up)
+            and plan, the API's health, the settings in force (exit 0 only when
+            everything is up)
   test      send one chat completion and print the answer with its figures
   logs      follow server.log (ranks), api.log and supervisor.log
   service   install|uninstall: start the cluster at boot (launchd agent on macOS,
@@ -331,13 +340,13 @@ main() {
     shift || true
     case "$command" in
     start) cmd_start "$@" ;;
-    stop) cmd_stop ;;
-    restart) cmd_stop && cmd_start ;;
-    status) cmd_status ;;
-    test) cmd_test "$@" ;;
+    stop) recorded_settings && cmd_stop ;;
+    restart) cmd_restart ;;
+    status) recorded_settings && cmd_status ;;
+    test) recorded_settings && cmd_test "$@" ;;
     logs) cmd_logs ;;
-    detect) cmd_detect ;;
-    plan) cmd_plan ;;
+    detect) recorded_settings && cmd_detect ;;
+    plan) recorded_settings && cmd_plan ;;
     service) cmd_service "$@" ;;
     help | -h | --help) usage ;;
     *)

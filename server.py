@@ -26,12 +26,14 @@ from config.settings import Settings, run_with_settings
 from distributed.exits import EXIT_BAD_MODEL, EXIT_PEER_GONE, die
 from distributed.group import GroupJoinError, init_group, leader_address
 from distributed.loader import ModelLoadError, load_for_rank
-from distributed.memory import prefix_budget
+from distributed.memory import activation_bytes, prefix_budget
+from distributed.overhead import BUFFER_CACHE_BYTES, overhead
 from distributed.runtime import RankRuntime
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
 from engine import cpu_attention
 from engine.build import LoadedRank, build_engine
 from engine.cpu_linear import transpose_linears
+from engine.heap import limit_buffer_cache
 from engine.last_logits import head_on_last_position
 from engine.worker import serve_worker
 from ipc.status import RankStatus
@@ -62,6 +64,8 @@ def main(settings: Settings) -> int:
     )
     if cpu_attention.install():
         log.debug("attention: grouped-query kernel for MLX's CPU backend (engine/cpu_attention.py)")
+    cache = limit_buffer_cache(BUFFER_CACHE_BYTES)
+    log.debug("MLX buffer cache: at most %d MiB (distributed/overhead.py)", cache // 2**20)
     runtime = RankRuntime.start(
         ident, group, settings.collective_timeout_seconds, settings.ring_profile_collectives
     )
@@ -106,8 +110,11 @@ def _load(
 
 
 def _status(settings: Settings, runtime: RankRuntime, loaded: LoadedRank) -> RankStatus:
-    """This rank's report to rank 0: its share, memory and prefix-cache budget."""
+    """This rank's report to rank 0: its share, memory, prefix-cache budget and the memory
+    its runtime holds beyond them."""
     info = loaded.info
+    share = info.plan.ranks[runtime.ident.rank]
+    chunk, dtype = settings.prefill_chunk_size, activation_bytes(info.path, info.config)
     return RankStatus(
         rank=runtime.ident.rank,
         host=runtime.ident.host,
@@ -122,6 +129,7 @@ def _status(settings: Settings, runtime: RankRuntime, loaded: LoadedRank) -> Ran
             info.ranks_on_host,
             info.weight_bytes,
         ),
+        overhead_bytes=overhead(info.plan.shape, share, chunk, dtype).total,
     )
 
 

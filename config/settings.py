@@ -153,6 +153,10 @@ class Settings(BaseSettings):
     burst_window_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # auto: decode steps run one mx.compile'd forward where the caches allow it
     compiled_decode: Literal["auto", "off"] = "auto"
+    # auto: before it reports ready, rank 0 runs a few requests of its own through every
+    # rank, so that the first client's forwards find their kernels compiled and traced
+    # (leader/warmup.py); off: the first requests pay that
+    warm_up: Literal["auto", "off"] = "auto"
     # auto: rank 0 proposes up to SPEC_TOKENS tokens a row by prompt lookup and every rank
     # verifies them in the step's one forward (leader/speculation.py)
     speculative: Literal["auto", "always", "off"] = "auto"

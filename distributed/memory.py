@@ -9,6 +9,8 @@ weight. KV cache: the family's cache kind and this rank's KV heads (tensor) or l
 rank at start: engine/prefix_store.py); sliding-window layers add a fixed window per
 sequence instead. A draft model (DRAFT_MODEL, leader/draft_model.py) counts on rank 0
 alone: its whole weights (the safetensors' data sizes) and float KV of each sequence.
+Beyond these, each rank holds its compiled decode traces, MLX's buffer cache and a step's
+working buffers (distributed/overhead.py), counted as `overhead_bytes`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 
 from distributed.hosts import RankHost
 from distributed.model_shape import FALLBACK_CONTEXT, PlanError, model_context
+from distributed.overhead import overhead
 from distributed.plan import Plan, make_plan
 
 # PREFIX_CACHE_BYTES by default: this share of the memory a rank has left after its
@@ -151,6 +154,8 @@ class RankMemory(BaseModel):
     draft_weight_bytes: int = 0  # rank 0: DRAFT_MODEL's weights
     draft_kv_bytes_per_token: int = 0
     draft_kv_bytes: int = 0  # for the configured batch of full sequences
+    overhead_bytes: int = 0  # traces, MLX's buffer cache, a step's buffers (overhead.py)
+    overhead: str = ""  # what makes it up
 
     @property
     def draft_bytes(self) -> int:
@@ -158,7 +163,7 @@ class RankMemory(BaseModel):
 
     @property
     def needed_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.draft_bytes
+        return self.weight_bytes + self.kv_bytes + self.draft_bytes + self.overhead_bytes
 
     @property
     def short_bytes(self) -> int:
@@ -179,7 +184,8 @@ class FitReport(BaseModel):
         short = [
             f"rank {r.rank} on {r.host} needs {_gib(r.needed_bytes)} (weights "
             f"{_gib(r.weight_bytes)} + KV {_gib(r.kv_bytes)}"
-            f"{f' + draft model {_gib(r.draft_bytes)}' if r.draft_bytes else ''}) but has "
+            f"{f' + draft model {_gib(r.draft_bytes)}' if r.draft_bytes else ''}"
+            f" + runtime {_gib(r.overhead_bytes)}) but has "
             f"{_gib(r.available_bytes)}:"
             f" short by {_gib(r.short_bytes)}"
             for r in self.ranks
@@ -210,7 +216,8 @@ class FitReport(BaseModel):
             )
             lines.append(
                 f"  rank {r.rank} on {r.host}: weights {_gib(r.weight_bytes)} + KV "
-                f"{_gib(r.kv_bytes)} ({r.kv_bytes_per_token} bytes/token){draft} = "
+                f"{_gib(r.kv_bytes)} ({r.kv_bytes_per_token} bytes/token){draft} + runtime "
+                f"{_gib(r.overhead_bytes)} = "
                 f"{_gib(r.needed_bytes)} of {_gib(r.available_bytes)}: {verdict}; longest "
                 f"context at MAX_BATCH_SIZE={self.sequences}: {longest}"
             )
@@ -240,16 +247,19 @@ def predict(
     prefix_setting: int | None = None,
     kv_bits: int | None = None,
     draft_dir: Path | None = None,
+    prefill_chunk: int = 2048,
 ) -> FitReport:
     """Each rank's figures; `sequence_length` None: the model's context, lowered to the
     longest every rank holds (as rank 0 chooses it: leader/context_window.py). `kv_bits`
     (KV_CACHE_BITS) applies where the ranks apply it: not to sliding-window models.
-    `draft_dir`: DRAFT_MODEL's directory, whose weights and KV rank 0 holds too."""
+    `draft_dir`: DRAFT_MODEL's directory, whose weights and KV rank 0 holds too.
+    `prefill_chunk`: PREFILL_CHUNK_SIZE, whose activations a step holds."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     draft_weights, draft_per_token = draft_bytes(draft_dir) if draft_dir else (0, 0)
     weights = predict_weight_bytes(model_dir, plan)
     bits = None if plan.shape.sliding_layers else kv_bits
-    kv = kv_bytes(plan, element_bytes(activation_bytes(model_dir, config), bits))
+    activation = activation_bytes(model_dir, config)
+    kv = kv_bytes(plan, element_bytes(activation, bits))
     ranks = []
     for rank, host in enumerate(hosts):
         per_token, per_sequence = kv[rank]
@@ -257,7 +267,8 @@ def predict(
         available = host.memory_bytes // neighbours
         prefix = prefix_budget(prefix_setting, host.memory_bytes, neighbours, weights[rank])
         draft = (draft_weights, draft_per_token) if rank == 0 else (0, 0)  # rank 0's alone
-        free = available - weights[rank] - prefix - draft[0]
+        extra = overhead(plan.shape, plan.ranks[rank], prefill_chunk, activation)
+        free = available - weights[rank] - prefix - draft[0] - extra.total
         ranks.append(
             RankMemory(
                 rank=rank,
@@ -272,6 +283,8 @@ def predict(
                 ),
                 draft_weight_bytes=draft[0],
                 draft_kv_bytes_per_token=draft[1],
+                overhead_bytes=extra.total,
+                overhead=extra.describe(),
             )
         )
     if sequence_length is None:
@@ -300,6 +313,7 @@ def check_fit(
     prefix_setting: int | None = None,
     kv_bits: int | None = None,
     draft_dir: Path | None = None,
+    prefill_chunk: int = 2048,
 ) -> FitReport:
     """Plan the model in `model_dir` over one rank per entry of `hosts` and check that every
     rank's predicted weights plus the KV cache of `sequences` (MAX_BATCH_SIZE) sequences of
@@ -313,7 +327,15 @@ def check_fit(
     config = json.loads((Path(model_dir) / "config.json").read_text())
     plan = make_plan(config, len(hosts), weights, parallelism, hosts)
     report = predict(
-        model_dir, plan, hosts, sequences, sequence_length, prefix_setting, kv_bits, draft_dir
+        model_dir,
+        plan,
+        hosts,
+        sequences,
+        sequence_length,
+        prefix_setting,
+        kv_bits,
+        draft_dir,
+        prefill_chunk,
     )
     problems = report.problems()
     if problems:

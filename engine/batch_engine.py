@@ -22,6 +22,7 @@ from distributed.watchdog import EvalGuard
 from engine.batch_caches import left_pad, merged, roll_back
 from engine.batch_sampler import Sampled, sample
 from engine.compiled_decode import CompiledDecode
+from engine.memory_report import MemoryReport
 from engine.prefill_group import Prefill, fresh_group
 from engine.prefix_store import PrefixStore
 from engine.quantized_kv import make_caches
@@ -76,6 +77,9 @@ class PendingStep:
         for entries, _, batch_cache in self.finished:
             engine._join(entries, batch_cache)
         engine.step_index += 1
+        if engine.memory.due():  # the heap's free pages back (engine/memory_report.py)
+            caches = [engine._decode_cache or [], *(p.cache for p in engine.prefilling)]
+            engine.memory.upkeep(caches, engine.prefix.nbytes, engine.compiled)
         return StepResult(
             self.seq_ids,
             self.logits,
@@ -112,6 +116,7 @@ class BatchEngine:
         self._drafts: list[list[int]] = []
         self.prefilling: list[Prefill] = []
         self.prefix = prefix or PrefixStore()
+        self.memory = MemoryReport()
 
     # ---- bookkeeping -------------------------------------------------------------
 

@@ -11,8 +11,8 @@ offsets and left padding as arrays:
 - attention runs over the whole buffer, the mask hiding the left padding and what lies
   past each query's position (masked scores weigh exactly 0);
 - buffers are kept at a multiple of STEP positions, so one trace serves a batch size for
-  STEP tokens, and MLX keeps every trace it made (a batch size is its own bucket: padding
-  rows to a bucket would cost their whole forward on a CPU). STEP is 64, not
+  STEP tokens (a batch size is its own bucket: padding rows to a bucket would cost their
+  whole forward on a CPU). STEP is 64, not
   BatchKVCache's 256: attention over unused positions is not free (batch 8, this
   machine's CPU: 105 ms a step eager at a 40-token context, 116 compiled over 256
   positions), and a new shape costs one trace and its kernels once (80-150 ms).
@@ -30,6 +30,7 @@ for a plain step compiled (2026-11-26, one rank, a 600-token context, `bench.eng
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,17 +38,20 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from distributed.head_positions import computing
+from distributed.overhead import MAX_TRACES
 
 log = logging.getLogger(__name__)
 
 STEP = 64  # positions a buffer grows by
-# MLX keeps every trace of a compiled function until the function goes, about 3.5 MB of
-# this process's memory each on the CPU (the default model: 92 traces of widths 1-5 over
-# 1,200 steps grew it by 318 MB, or 143 MB when traced anew every 20). Shapes are (rows,
-# positions, buffer), so a long context and speculation's widths would grow it without
-# bound: past MAX_TRACES the function is compiled anew, and the shapes in use trace again
-# (80-150 ms each).
-MAX_TRACES = 128
+# Each shape (rows, positions, buffer) is traced once, by an mx.compile of its own, and
+# MLX keeps a trace as long as its function lives: about 2.7 MB of this process's heap
+# each on the CPU (the default model, one rank: 100 traces held 268 MB). A long context
+# and speculation's widths would make their number grow without bound, so at most
+# MAX_TRACES are kept, the least recently used dropped first (a dropped shape that comes
+# back is traced again, 80-150 ms). A dropped trace's memory stays resident in glibc's
+# heaps until the rank gives their free pages back (engine/memory_report.py, every 10 s
+# of work). The plan counts MAX_TRACES traces in each rank's memory
+# (distributed/overhead.py, where MAX_TRACES is set).
 
 
 class _Slot:
@@ -112,10 +116,17 @@ class CompiledDecode:
     def __init__(self, model: Callable[..., mx.array], max_traces: int = MAX_TRACES) -> None:
         self.model = model
         self.max_traces = max_traces
-        self.recompiled = 0  # times compiled anew past max_traces
+        self.dropped = 0  # traces dropped past max_traces
         self.enabled = True
-        self._shapes: set[tuple[int, int, int]] = set()  # (rows, positions, buffer)
-        self._compiled = mx.compile(self._forward)
+        # (rows, positions, buffer) -> its compiled step, least recently used first
+        self._traces: OrderedDict[tuple[int, int, int], Callable[..., list[mx.array]]] = (
+            OrderedDict()
+        )
+
+    @property
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """The shapes traced and kept, least recently used first."""
+        return list(self._traces)
 
     def _forward(
         self,
@@ -144,28 +155,36 @@ class CompiledDecode:
         for cache in caches:
             _reserve(cache, first._idx + width)
         shape = (tokens.shape[0], width, first.keys.shape[2])
-        if shape not in self._shapes and len(self._shapes) >= self.max_traces:
-            log.debug("compiled decode: %d traces, compiling anew", len(self._shapes))
-            self._shapes.clear()
-            self._compiled = mx.compile(self._forward)
-            self.recompiled += 1
+        compiled = self._compiled(shape)
         buffers = [array for cache in caches for array in (cache.keys, cache.values)]
         position = mx.array([first._idx])
         try:
             with computing(width):  # read while tracing; each width is its own trace
-                logits, *updated = self._compiled(
+                logits, *updated = compiled(
                     tokens, position, first.offset, first.left_padding, *buffers
                 )
         except Exception as exc:  # a family whose forward does not trace
             self.enabled = False
+            self._traces.clear()
             log.warning("compiled decode off for this model (%s); decoding eagerly", exc)
             return None
-        if shape not in self._shapes:
-            self._shapes.add(shape)
-            log.debug("compiled decode: traced batch %d x %d positions over %d", *shape)
         offset = first.offset + width  # every layer's is the same; arrays are never mutated
         for i, cache in enumerate(caches):
             cache.keys, cache.values = updated[2 * i], updated[2 * i + 1]
             cache.offset = offset
             cache._idx += width
         return logits
+
+    def _compiled(self, shape: tuple[int, int, int]) -> Callable[..., list[mx.array]]:
+        """The compiled step of `shape`, made (and traced at its first call) if new."""
+        compiled = self._traces.get(shape)
+        if compiled is not None:
+            self._traces.move_to_end(shape)
+            return compiled
+        while len(self._traces) >= self.max_traces:
+            self._traces.popitem(last=False)
+            self.dropped += 1
+        compiled = mx.compile(self._forward)
+        self._traces[shape] = compiled
+        log.debug("compiled decode: traced batch %d x %d positions over %d", *shape)
+        return compiled

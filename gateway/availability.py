@@ -18,7 +18,15 @@ from ipc.status import RankState
 from ipc.supervisor_state import SupervisorState
 
 ClusterState = Literal[
-    "ready", "loading", "stopping", "failed", "down", "connecting", "stale", "restarting"
+    "ready",
+    "loading",
+    "warming",
+    "stopping",
+    "failed",
+    "down",
+    "connecting",
+    "stale",
+    "restarting",
 ]
 
 
@@ -37,6 +45,7 @@ class Availability:
 TABLE: dict[ClusterState, tuple[int, int | None, bool]] = {
     "ready": (200, None, True),
     "loading": (503, 5, False),
+    "warming": (503, 2, False),  # loaded; the first forwards run (leader/warmup.py)
     "stopping": (503, 5, False),
     "failed": (503, 30, False),
     "down": (503, 2, False),
@@ -49,7 +58,7 @@ TABLE: dict[ClusterState, tuple[int, int | None, bool]] = {
 # While the supervisor runs one of these phases, a state that is not ready is a restart
 # under way (it may not have noticed the end of the job yet: a few milliseconds).
 _RESTARTING_PHASES = ("starting", "running", "restarting")
-_DOWN_STATES = ("loading", "down", "connecting", "restarting")
+_DOWN_STATES = ("loading", "warming", "down", "connecting", "restarting")
 
 
 def availability(state: ClusterState, reason: str) -> Availability:

@@ -214,4 +214,7 @@ def _refusal(state: RankState, request_id: str) -> Error | None:
     if state == RankState.LOADING:
         text = "the model is still loading; retry when status says ready"
         return Error(id=request_id, code="loading", message=text)
+    if state == RankState.WARMING:
+        text = "the ranks are warming up (their first forwards); retry when status says ready"
+        return Error(id=request_id, code="loading", message=text)
     return Error(id=request_id, code="shutting_down", message=f"the server is {state}")

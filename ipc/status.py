@@ -16,6 +16,7 @@ class RankState(StrEnum):
     """Rank 0's state. The gateway maps each to an HTTP status and Retry-After."""
 
     LOADING = "loading"  # resolving, planning or loading the model
+    WARMING = "warming"  # loaded; running the first forwards before ready (leader/warmup.py)
     READY = "ready"  # serving requests
     STOPPING = "stopping"  # a shutdown was asked for; no new requests
     FAILED = "failed"  # cannot serve; Status.reason says why
@@ -30,6 +31,9 @@ class RankStatus(BaseModel):
     machine_memory_bytes: int = 0  # its machine's memory (shared by the ranks on it)
     kv_bytes_per_token: int = 0  # this rank's KV per cached token; 0: no prefix cache
     prefix_cache_bytes: int = 0  # this rank's prefix-cache budget
+    # beyond weights, KV and prefix cache: decode traces, MLX's buffer cache, a step's
+    # buffers (distributed/overhead.py)
+    overhead_bytes: int = 0
 
 
 class PrefixCacheStats(BaseModel):
@@ -109,3 +113,4 @@ class Status(BaseModel):
     speculation: SpeculationStats = Field(default_factory=SpeculationStats)
     max_sequence_length: int = 0
     uptime_s: float = 0.0
+    warm_up: str = ""  # what the warm-up before ready ran, and its time (empty: none ran)

@@ -106,6 +106,7 @@ def fit_problem(
             settings.prefix_cache_bytes,
             settings.kv_bits,
             draft_dir(settings),
+            settings.prefill_chunk_size,
         )
     except OSError as exc:
         return f"cannot read the model ({exc})"

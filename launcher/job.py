@@ -21,7 +21,7 @@ import time
 from config.settings import Settings
 from ipc.client import ClientError, RankClient, get_status
 from ipc.protocol import Shutdown
-from ipc.status import RankState, Status
+from ipc.status import Status
 from launcher.command import launch_sh_argv
 from launcher.hostfile import build_hosts, free_port_run, render
 from launcher.paths import Paths
@@ -87,13 +87,12 @@ class RankJob:
     def ended(self) -> bool:
         return self.process is None or self.process.poll() is not None
 
-    def ready_status(self) -> Status | None:
-        """Rank 0's status when it says ready; None while it loads or does not answer."""
+    def status(self) -> Status | None:
+        """Rank 0's status; None while it does not answer."""
         try:
-            status = get_status(self.socket_path, timeout=2.0)
+            return get_status(self.socket_path, timeout=2.0)
         except (ClientError, OSError, ValueError):
             return None
-        return status if status.state == RankState.READY else None
 
     def socket_exists(self) -> bool:
         return self.socket_path.exists()

@@ -76,6 +76,7 @@ def check(settings: Settings, model_dir: Path) -> int:
             settings.prefix_cache_bytes,
             settings.kv_bits,
             draft,
+            settings.prefill_chunk_size,
         )
     except DoesNotFit as exc:
         print("\n".join(describe(exc.report.plan) + exc.report.describe()))

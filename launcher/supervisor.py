@@ -35,6 +35,7 @@ from launcher.api_process import API_READY_TIMEOUT_S, ApiKeeper, ApiProcess
 from launcher.degraded import choose_workers
 from launcher.job import RankJob, local_ranks_stop
 from launcher.paths import Paths
+from launcher.readiness import ReadyWatch
 from launcher.restart_policy import RestartPolicy
 from launcher.start_progress import Progress, follow
 
@@ -183,24 +184,12 @@ class Supervisor:
     def _wait_ready(self, job: RankJob) -> Ended | None:
         self.progress.say(f"==> Waiting for rank 0's socket ({job.socket_path})")
         deadline = time.monotonic() + RANKS_READY_TIMEOUT_S
-        socket_seen = False
+        watch = ReadyWatch(job, self.progress)
         while not self.stopping:
             if job.ended():
                 return self._finish(job, before_ready=True)
-            if job.socket_exists():
-                if not socket_seen:
-                    self.progress.say("    socket is up; waiting for every rank to load")
-                    socket_seen = True
-                    # Now, not once ready: rank 0 binds its socket after the group
-                    # handshake, which every rank enters with its stdin closed, and a
-                    # spinning mlx.launch takes a core from the load. The check that it
-                    # worked waits for ready (it takes seconds).
-                    job.nudge()
-                status = job.ready_status()
-                if status is not None:
-                    world = status.world_size
-                    self.progress.say(f"    ready: {status.model_id} on {world} rank(s)")
-                    return None
+            if watch.look() is not None:
+                return None
             if time.monotonic() > deadline:
                 job.end(0.0)
                 limit = f"{RANKS_READY_TIMEOUT_S:.0f} s"

@@ -4,8 +4,10 @@ By default it is the model's own (its config's positions, extended by rope scali
 lowered only where the ranks' memory cannot hold MAX_BATCH_SIZE sequences that long; a set
 MAX_SEQUENCE_LENGTH is taken as it is. A request's KV grows with its tokens (mlx-lm's
 caches grow in steps of 256 positions), so a long context reserves nothing: the memory
-bound says only that a full batch of full-length answers would still fit. Rank 0 holds a
-draft model's (DRAFT_MODEL) weights and its rows' KV too, counted as the plan counts them.
+bound says only that a full batch of full-length answers would still fit beside each
+rank's weights, prefix cache and runtime overhead (decode traces, MLX's buffer cache, a
+step's buffers: distributed/overhead.py). Rank 0 holds a draft model's (DRAFT_MODEL)
+weights and its rows' KV too, counted as the plan counts them.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ def memory_context(
     ranks: list[RankStatus], sequences: int, draft: tuple[int, int] = (0, 0)
 ) -> tuple[int, RankStatus] | None:
     """The longest context at which every rank holds `sequences` full sequences' KV beside
-    its weights and prefix cache, and the rank that bounds it; None when a rank keeps
-    caches whose size does not grow per token (kv_bytes_per_token 0: no bound known).
+    its weights, prefix cache and runtime overhead, and the rank that bounds it; None when
+    a rank keeps caches whose size does not grow per token (kv_bytes_per_token 0: no
+    bound known).
     `draft`: the draft model's weight bytes and KV bytes a token, on rank 0."""
     on_host = Counter(rank.host for rank in ranks)
     bounds = []
     for rank in ranks:
         share = rank.machine_memory_bytes // on_host[rank.host]
         weights, draft_per_token = draft if rank.rank == 0 else (0, 0)
-        free = share - rank.weight_bytes - rank.prefix_cache_bytes - weights
+        free = share - rank.weight_bytes - rank.prefix_cache_bytes - rank.overhead_bytes - weights
         # 0 stays 0 (no bound known); else the draft's rows grow with the served model's
         per_token = rank.kv_bytes_per_token and rank.kv_bytes_per_token + draft_per_token
         longest = longest_context(free, sequences, per_token)

@@ -28,9 +28,15 @@ from ipc.server import SocketServer
 from ipc.status import Counters, RankState, RankStatus, Status
 from leader.burst import gather_burst
 from leader.scheduler import Scheduler
+from leader.warmup import WarmUp, isolated
 
 log = logging.getLogger("ring")
 # What status reports of the model config (the rest is in /model/info's facts).
+REASONS = {
+    RankState.READY: "serving",
+    RankState.WARMING: "running their first forwards before ready (leader/warmup.py)",
+    RankState.STOPPING: "a shutdown was requested",
+}
 CONFIG_KEYS = (
     "model_type",
     "hidden_size",
@@ -57,6 +63,8 @@ class Leader:
     wake: WakeSender | None
     profiler: CollectiveProfiler | None
     started: float
+    warm_up: WarmUp | None = None  # run before ready (leader/warmup.py); None: WARM_UP=off
+    warmed: str = ""  # what the warm-up ran and how long it took, for status
     state: RankState = RankState.READY
     last_step_ms: float | None = None  # None until the first step ran
     counters: Counters = field(default_factory=Counters)
@@ -68,6 +76,10 @@ class Leader:
     # next step's build. There the text goes out first; on a GPU, while the step computes.
     stream_before_start: bool = field(default_factory=on_cpu_backend)
 
+    def __post_init__(self) -> None:
+        if self.warm_up is not None:
+            self.state = RankState.WARMING
+
     # ---- reports -----------------------------------------------------------------
 
     def status(self) -> Status:
@@ -75,7 +87,8 @@ class Leader:
         config = self.info.config
         return Status(
             state=self.state,
-            reason="serving" if self.state == RankState.READY else "a shutdown was requested",
+            reason=REASONS[self.state],
+            warm_up=self.warmed,
             model_id=self.info.model_id,
             model_aliases=self.info.aliases,
             model_info={k: config[k] for k in CONFIG_KEYS if k in config}
@@ -147,6 +160,8 @@ class Leader:
     # ---- the step loop -----------------------------------------------------------
 
     def run(self) -> None:
+        if self.warm_up is not None:
+            self._warm(self.warm_up)
         scheduler, engine, events = self.scheduler, self.engine, self.events
         while True:
             if not scheduler.has_work(engine) and self.state != RankState.STOPPING:
@@ -179,6 +194,31 @@ class Leader:
             if scheduler.has_work(engine):
                 self._step()
 
+    def _warm(self, warm: WarmUp) -> None:
+        """Run the warm-up's requests to their end, then say ready (a shutdown asked
+        meanwhile ends it early: the step loop then stops every rank)."""
+        started = time.perf_counter()
+        scheduler, engine = self.scheduler, self.engine
+        with isolated(scheduler):
+            while self.state == RankState.WARMING:
+                while True:  # submits are refused while warming (ipc/server.py)
+                    try:
+                        self._handle(self.events.get_nowait())
+                    except queue.Empty:
+                        break
+                if self.state != RankState.WARMING:
+                    return
+                if scheduler.has_work(engine):
+                    self._step(warm)
+                elif not warm.submit_next(scheduler.requests):
+                    break
+            self._stream()  # their last tokens: sent to no connection
+        seconds = time.perf_counter() - started
+        self.warmed = f"{warm.submitted} requests in {warm.steps} steps, {seconds:.2f} s"
+        self.counters, self.last_step_ms = Counters(), None
+        self.state = RankState.READY
+        log.info("warm-up: %s", self.warmed)
+
     def _gather_burst(self) -> None:
         """Take the requests that follow one to an idle cluster (BURST_WINDOW_MS)."""
         window = self.settings.burst_window_ms / 1000
@@ -186,11 +226,15 @@ class Leader:
         if gathered:
             log.debug("burst: %d more requests came with the first", gathered)
 
-    def _step(self) -> None:
+    def _step(self, warm: WarmUp | None = None) -> None:
         scheduler, engine = self.scheduler, self.engine
         started = time.perf_counter()
         before = (self.broadcaster.collective_seconds, self._forward_collectives())
         plan = scheduler.build_plan(engine)
+        if warm is not None:
+            removed = set(plan.removes)
+            decoding = [s for s in engine.decode_ids if s not in removed]
+            warm.adjust(plan, decoding, scheduler.requests)
         if not plan.inserts and engine.size == len(set(plan.removes)):
             plan.sleep = True
         self._send(plan)
@@ -214,7 +258,7 @@ class Leader:
         scheduler.on_result(result)
         accepted = scheduler.speculator.totals.accepted - accepted  # speculation's extra tokens
         width = step_width(plan.drafts)
-        if plan.tokens and not result.prefill_tokens:  # a decode step: the rule's costs
+        if plan.tokens and not result.prefill_tokens and warm is None:  # the rule's costs
             ms = (launched - streamed_first + computed - streamed) * 1000
             scheduler.speculator.costs.observe(len(plan.tokens) * width, result.eager, ms)
         scheduler.prefix.bytes = result.prefix_bytes
@@ -224,7 +268,7 @@ class Leader:
         self._flush()
         done = time.perf_counter()
         self.last_step_ms = (done - started) * 1000
-        if scheduler.prefill_budget is not None:
+        if scheduler.prefill_budget is not None and warm is None:
             # the whole step, as the answers' inter-token latency sees it; a speculative
             # step's decode part counts as rows x positions (skipping those steps starved
             # a 32K-token prompt beside 4 speculating answers: no credit in 300 s)

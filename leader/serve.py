@@ -33,6 +33,7 @@ from leader.prefix_disk_index import DiskIndex
 from leader.sampling_defaults import SamplingDefaults
 from leader.scheduler import Scheduler
 from leader.speculation import Speculator, rollback_refusal
+from leader.warmup import WarmUp
 
 log = logging.getLogger("ring")
 
@@ -69,12 +70,17 @@ def serve_leader(
         wake=wake,
         profiler=runtime.profiler,
         started=boot.booting.started,
+        warm_up=_warm_up(settings, scheduler),
     )
     if wake is not None:
         wake.watch(leader.rank_lost)
     boot.socket.reporter = leader
     log.info(
-        "ready: %s on %d rank(s); socket %s", info.model_id, ident.world_size, settings.socket_path
+        "loaded: %s on %d rank(s); socket %s%s",
+        info.model_id,
+        ident.world_size,
+        settings.socket_path,
+        "; warming up before ready" if leader.warm_up is not None else "",
     )
     try:
         leader.run()
@@ -130,6 +136,17 @@ def _scheduler(
     )
     log.info("chat prompt: %s", scheduler.requests.setup.chat.describe())
     return scheduler
+
+
+def _warm_up(settings: Settings, scheduler: Scheduler) -> WarmUp | None:
+    """The warm-up before ready (WARM_UP=auto): widths up to 1 + SPEC_TOKENS where
+    speculation runs."""
+    if settings.warm_up == "off":
+        log.info("warm-up: off (WARM_UP=off): the first requests compile and trace")
+        return None
+    speculator = scheduler.speculator
+    widest = 1 + speculator.tokens if speculator.enabled else 1
+    return WarmUp(widest, settings.max_batch_size, scheduler.requests.max_sequence_length)
 
 
 def _speculator(

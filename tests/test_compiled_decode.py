@@ -74,9 +74,9 @@ def test_compiled_steps_give_the_eager_logits_and_tokens(model):
     compiled_steps = run(model, compiled)
     assert compiled.enabled
     # every batch size the schedule makes, and buffers past 256 positions
-    assert {batch for batch, _, _ in compiled._shapes} == {1, 2, 3}
-    assert max(size for _, _, size in compiled._shapes) > 256
-    assert all(size % STEP == 0 for _, _, size in compiled._shapes)
+    assert {batch for batch, _, _ in compiled.shapes} == {1, 2, 3}
+    assert max(size for _, _, size in compiled.shapes) > 256
+    assert all(size % STEP == 0 for _, _, size in compiled.shapes)
     for (ids, eager), (same_ids, logits) in zip(eager_steps, compiled_steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
@@ -123,13 +123,14 @@ def speculate(model, compiled: CompiledDecode | None) -> list[tuple[list[int], n
 
 
 def test_compiled_speculative_steps_give_the_eager_logits(model):
-    """Also across compiling anew: at most 2 traces are kept here."""
+    """Also across dropped traces: at most 2 are kept here, the least recently used
+    dropped first."""
     head_on_last_position(model)
     compiled = CompiledDecode(model, max_traces=2)
     eager_steps = speculate(model, None)
     compiled_steps = speculate(model, compiled)
     assert compiled.enabled
-    assert 0 < len(compiled._shapes) <= 2 and compiled.recompiled > 0
+    assert 0 < len(compiled.shapes) <= 2 and compiled.dropped > 0
     for (ids, eager), (same_ids, logits) in zip(eager_steps, compiled_steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
@@ -155,8 +156,18 @@ def test_a_forward_that_does_not_trace_decodes_eagerly(model, caplog):
     compiled = CompiledDecode(wrapped)
     with caplog.at_level(logging.WARNING, logger="engine.compiled_decode"):
         steps = run(wrapped, compiled)[:20]
-    assert not compiled.enabled and not compiled._shapes
+    assert not compiled.enabled and not compiled.shapes
     assert "compiled decode off for this model" in caplog.text
     for (ids, eager), (same_ids, logits) in zip(run(model, None)[:20], steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
+
+
+def test_the_least_recently_used_trace_is_dropped_first(model):
+    compiled = CompiledDecode(model, max_traces=2)
+    one, two, three = (1, 1, 64), (1, 2, 64), (2, 1, 64)
+    kept = compiled._compiled(one)
+    compiled._compiled(two)
+    assert compiled._compiled(one) is kept  # used again: now the most recent
+    compiled._compiled(three)
+    assert compiled.shapes == [one, three] and compiled.dropped == 1

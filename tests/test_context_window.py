@@ -42,6 +42,10 @@ def test_memory_bounds_the_longest_full_batch():
     fits_alone, bounding = memory_context(alone, sequences=8) or (0, None)
     assert fits_alone == 13 * GIB // (8 * 1024) and bounding is not None
     assert memory_context([rank(0, per_token=0)], 8) is None  # no per-token size known
+    # what the runtime holds beyond weights, KV and prefix cache (traces, buffers) too
+    busy = [rank(0).model_copy(update={"overhead_bytes": GIB}), rank(1)]
+    fits_busy, bounding = memory_context(busy, sequences=8) or (0, None)
+    assert fits_busy == 4 * GIB // (8 * 1024) and bounding is not None and bounding.rank == 0
 
 
 def test_choice_takes_the_setting_else_the_model_else_memory():

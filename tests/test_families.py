@@ -324,16 +324,19 @@ def test_the_plan_names_each_ranks_longest_context_and_lowers_the_models(
     tiny_moe: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """MAX_SEQUENCE_LENGTH empty: the model's context (4096 here), lowered to what every
-    rank holds at MAX_BATCH_SIZE beside its weights and prefix cache; under 256 refused."""
+    rank holds at MAX_BATCH_SIZE beside its weights, prefix cache and runtime overhead
+    (distributed/overhead.py); under 256 refused."""
     roomy = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(2)]
     report = check_fit(tiny_moe, roomy, None, "tensor", 8)
     assert report.sequence_length == 4096  # the model's own
     assert all(r.longest_context and r.longest_context > 4096 for r in report.ranks)
     weights = max(r.weight_bytes for r in report.ranks)
     per_token = max(r.kv_bytes_per_token for r in report.ranks)
+    runtime = max(r.overhead_bytes for r in report.ranks)
+    assert 0 < runtime < 2**30
     # a machine that leaves each rank room for 1000 tokens x 8 sequences after the prefix
-    # cache's quarter of what the weights leave
-    tight = 2 * (weights + int(1000 * 8 * per_token / 0.75)) + 2**12
+    # cache's quarter of what the weights leave, and the runtime's overhead
+    tight = 2 * (weights + int((runtime + 1000 * 8 * per_token) / 0.75)) + 2**12
     small = [RankHost(host="mini", cores=8, memory_bytes=tight)] * 2
     lowered = check_fit(tiny_moe, small, None, "tensor", 8)
     assert 900 <= lowered.sequence_length < 1100

@@ -85,7 +85,7 @@ def test_compiled_decode_gives_the_eager_tokens_or_steps_aside(family_model):
         seq: run[0] for seq, run in eager.items()
     }, name
     # Plain KV caches compile; sliding windows, recurrent state and indexers decode eagerly.
-    assert bool(compiled._shapes) == (name in PLAIN_KV), name
+    assert bool(compiled.shapes) == (name in PLAIN_KV), name
 
 
 def test_the_head_on_the_last_position_gives_the_same_answers(family_model, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ipc.processes import running
+from tests.support.first_use import mapped_kernels, traced_after_ready
 from tests.support.project import (
     START_TIMEOUT,
     Project,
@@ -25,11 +26,16 @@ from tests.support.tiny_families import write_family_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
+# Given to `start` in its environment: `restart` and `status` must keep it (and it keeps
+# rank 0's own one-token requests out of the first-use checks)
+STARTED_WITH = {"KEEP_WARM_SECONDS": "0"}
+KERNELS: dict[int, set[str]] = {}  # each rank's MLX kernels once ready (tests/support/first_use)
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     root = tmp_path_factory.mktemp("launch") / "project"
-    proj = copy_project(root, "MAX_SEQUENCE_LENGTH=1024\nDEFAULT_MAX_TOKENS=64\n")
+    proj = copy_project(root, "MAX_SEQUENCE_LENGTH=1024\nDEFAULT_MAX_TOKENS=64\nLOG_LEVEL=DEBUG\n")
     yield proj
     proj.launch("stop", timeout=120)
     assert not ours(root), "processes left running after the tests"
@@ -115,10 +121,20 @@ def test_failure_after_the_ranks_started_leaves_nothing_running(project: Project
     assert not list((project.root / "run").glob("*.pid"))
 
 
+def _ranks(project: Project) -> dict[int, int]:
+    """Each local rank's pid (run/rank-N.pid)."""
+    files = (project.root / "run").glob("rank-*.pid")
+    return {int(f.stem.split("-")[1]): int(f.read_text().strip()) for f in files}
+
+
 def test_start_serves_and_start_again_is_a_no_op(project: Project) -> None:
-    done = project.launch("start", timeout=START_TIMEOUT)
+    done = project.launch("start", env=STARTED_WITH, timeout=START_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Ready: http://127.0.0.1:{project.port}" in done.stdout
+    # the warm-up is a step of its own, before ready (leader/warmup.py)
+    assert "==> Warm-up: every rank runs rank 0's first requests" in done.stdout, done.stdout
+    assert re.search(r"warmed up: \d+ requests in \d+ steps, [\d.]+ s", done.stdout)
+    KERNELS.update({rank: mapped_kernels(pid) for rank, pid in _ranks(project).items()})
     assert "curl http://127.0.0.1:" in done.stdout
     assert f"supervisor pid {project.pid('supervisor.pid')}" in done.stdout
     cpu = re.search(r"mlx.launch CPU: (\d+)% before the stdin byte, (\d+)% after", done.stdout)
@@ -140,13 +156,27 @@ def test_status_shows_every_rank_and_health(project: Project) -> None:
     assert re.search(r"state ready, .*2 rank\(s\), plan \S+", done.stdout), done.stdout
     assert re.search(r"^    rank 1, on .*weight 1", done.stdout, re.MULTILINE)
     assert "health: ready (HTTP 200)" in done.stdout
+    assert re.search(r"settings in force .*KEEP_WARM_SECONDS=0\.0", done.stdout), done.stdout
+    assert "given in the environment at start (restart keeps them): KEEP_WARM_SECONDS" in (
+        done.stdout
+    )
 
 
-def test_test_command_answers_with_figures(project: Project) -> None:
+def _first_request_found_everything_ready(project: Project, kernels: dict[int, set[str]]) -> None:
+    """The first request after ready: `./launch.sh test` answers, and no rank compiled a
+    kernel or traced a decode shape for it (the warm-up did it all before ready)."""
     done = project.launch("test", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"^answer: .*Paris", done.stdout, re.MULTILINE), done.stdout
     assert "perf:" in done.stdout and "completion tokens" in done.stdout
+    for rank, pid in _ranks(project).items():
+        new = mapped_kernels(pid) - kernels[rank]
+        assert not new, f"rank {rank} compiled {len(new)} kernels after ready: {sorted(new)[:3]}"
+    assert not traced_after_ready(project.root / "server.log")
+
+
+def test_test_command_answers_with_figures(project: Project) -> None:
+    _first_request_found_everything_ready(project, KERNELS)
 
 
 def test_mlx_launch_idles_without_spinning(project: Project) -> None:
@@ -158,9 +188,13 @@ def test_mlx_launch_idles_without_spinning(project: Project) -> None:
 
 
 def test_restart_with_an_environment_override(project: Project) -> None:
+    """The settings start was given stay (KEEP_WARM_SECONDS); the one restart is given
+    changes, and a line says so."""
     first = project.pid("ranks.pid")
     done = project.launch("restart", env={"NUM_DEVICES": "3"}, timeout=START_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "    NUM_DEVICES: 2 -> 3\n" in done.stdout, done.stdout
+    assert "KEEP_WARM_SECONDS:" not in done.stdout  # unchanged: no line
     assert "local mode: 3 ranks on 127.0.0.1" in done.stdout
     assert "Ready:" in done.stdout
     assert project.pid("ranks.pid") != first
@@ -172,6 +206,8 @@ def test_restart_with_an_environment_override(project: Project) -> None:
     assert ("3 local ranks on" in done.stdout) == oversubscribed, done.stdout
     plan = "pipeline" if oversubscribed else "tensor"
     assert re.search(rf"3 rank\(s\), plan {plan}", status.stdout), status.stdout
+    assert re.search(r"settings in force .*NUM_DEVICES=3 .*KEEP_WARM_SECONDS=0\.0", status.stdout)
+    assert "at start (restart keeps them): KEEP_WARM_SECONDS, NUM_DEVICES" in status.stdout
 
 
 def test_a_killed_rank_is_restarted_and_status_says_so(project: Project) -> None:
@@ -192,6 +228,9 @@ def test_a_killed_rank_is_restarted_and_status_says_so(project: Project) -> None
     assert project.pid("ranks.pid") != ranks and not running(ranks)  # a new job
     assert project.pid("api.pid") == api  # api.py stayed up
     assert "health: ready (HTTP 200)" in done.stdout
+    # the restarted job warmed up before ready too
+    kernels = {rank: mapped_kernels(pid) for rank, pid in _ranks(project).items()}
+    _first_request_found_everything_ready(project, kernels)
 
 
 def test_stop_ends_everything_and_is_idempotent(project: Project) -> None:

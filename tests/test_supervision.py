@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from config.settings import Settings, load_settings
+from distributed.hosts import RankHost
+from distributed.memory import check_fit
 from gateway.availability import availability, supervised, waits_for_restart
 from ipc.supervisor_state import (
     STATE_ENV,
@@ -200,7 +202,11 @@ def test_fit_check_of_a_smaller_cluster(monkeypatch: pytest.MonkeyPatch, tiny_ll
     problem = fit_problem(tiny_llama, [("rank 0", plenty, 2), ("mac2", size // 4, 2)], settings)
     assert problem and "rank 1 on mac2 needs" in problem and "short by" in problem, problem
     # a draft model counts on rank 0: room for the model's KV alone is too little beside it
-    small = [("rank 0", 4 * size, 2), ("mac2", plenty, 2)]
+    # (the memory given holds the runtime's overhead too, distributed/overhead.py, which
+    # the default prefix cache takes a quarter of)
+    big = [RankHost(host=name, cores=2, memory_bytes=plenty) for name in ("rank 0", "mac2")]
+    runtime = check_fit(tiny_llama, big, None).ranks[0].overhead_bytes
+    small = [("rank 0", 4 * size + runtime * 4 // 3 + 4, 2), ("mac2", plenty, 2)]
     assert fit_problem(tiny_llama, small, settings) is None
     with_draft = Settings(_env_file=None, draft_model=str(tiny_llama))
     short = fit_problem(tiny_llama, small, with_draft)
