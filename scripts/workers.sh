@@ -1,4 +1,6 @@
-# Remote mode parts of launch.sh (sourced by it): the worker hosts over SSH.
+# Remote mode parts of launch.sh (sourced by it): the worker hosts over SSH. Workers never
+# resolve MODEL: the supervisor sends each its part from this host before every start
+# (launcher/transfer.py).
 # Uses launch.sh's helpers: cfg, workers, ssh_batch, step, info, warn, abort_start.
 # (The --env overrides that reach the remote ranks are built by launcher/command.py.)
 # `workers` prints "rank ssh-destination dir" per worker: REMOTE_DIR is one path for
@@ -22,9 +24,6 @@ sync_workers() {
             abort_start "rsync to $dest:$dir failed" "$RUN/sync.log"
         ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh runtime" 2>&1 | sed 's/^/      /'
         [[ "${PIPESTATUS[0]}" == 0 ]] || abort_start "could not prepare the venv on $dest"
-        ssh_batch "$dest" "cd $dir && .venv/bin/python -m acquisition.source" \
-            >"$RUN/model-$rank.log" 2>&1 ||
-            abort_start "rank $rank ($dest) could not resolve MODEL" "$RUN/model-$rank.log"
     done < <(workers)
 }
 
