@@ -167,7 +167,7 @@ def share_offer(model_dir: Path, plan: Plan, rank: int, identity: ModelIdentity)
         MemoryFile(META_FILE, json.dumps(meta).encode()),
         *tensors,
     ]
-    line = describe(plan)[1 + rank].strip()
+    line = describe(plan)[1 + rank].split(": ", 1)[-1].strip()  # without "rank r (weight w)"
     return Offer(key, files, sum(t.weight_bytes for t in tensors), line)
 
 

@@ -67,7 +67,7 @@ class Sender:
         view.total_bytes = int(event.get("share_bytes", view.total_bytes))
         if kind == "offer":
             view.share = str(event.get("share", ""))
-            self.lines.append(f"rank {self.rank} ({view.host}) receives {view.share}")
+            self.lines.append(f"rank {self.rank} ({view.host}) receives: {view.share}")
         elif kind == "inventory":
             view.done_bytes = int(event.get("have_bytes", 0))
             self.lines.append(_inventory_line(self.rank, view.host, event))
