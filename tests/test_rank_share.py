@@ -17,7 +17,7 @@ import pytest
 
 from acquisition.identity import identify
 from acquisition.share_source import Offer, share_offer
-from acquisition.wire import BLOCK_BYTES, blocks_of, block_length
+from acquisition.wire import BLOCK_BYTES, block_length, blocks_of
 from distributed.plan import Plan, make_plan
 from distributed.rank_share import META_FILE, ShareMismatch, load_share, rank_parameters
 from distributed.splitting import StandInGroup, parameters
