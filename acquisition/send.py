@@ -30,7 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from acquisition.identity import identify
+from acquisition.identity import ModelIdentity, identify
 from acquisition.share_source import Offer, full_offer, share_offer
 from acquisition.wire import (
     ACK,
@@ -183,18 +183,49 @@ class Progress:
             emit(self.line("sending"))
 
 
-def transfer(args: argparse.Namespace, offer: Offer, model_key: str, full_copy: dict) -> int:
-    token = secrets.token_bytes(32)
-    message = {
+def offer_message(
+    offer: Offer, identity: ModelIdentity, token: bytes, address: str
+) -> dict[str, Any]:
+    """The offer as the receiver reads it (acquisition/wire.py)."""
+    return {
         "protocol": PROTOCOL,
         "token": token.hex(),
-        "model_key": model_key,
+        "model_key": identity.key,
         "share_key": offer.share_key,
-        "full_copy": full_copy,
+        "full_copy": identity.offer(),
         "block_size": BLOCK_BYTES,
         "files": [{"name": f.name, "size": f.size} for f in offer.files],
-        "address": args.address,
+        "address": address,
     }
+
+
+def ask_inventory(
+    dest: str, remote_dir: str, offer: Offer, identity: ModelIdentity, timeout: float = 120
+) -> dict[str, Any] | str:
+    """What the worker holds of `offer` and its free disk, changing nothing there
+    (`./launch.sh plan`); a string says why it could not tell."""
+    message = offer_message(offer, identity, bytes(32), "")
+    try:
+        done = subprocess.run(
+            _receiver_argv(dest, remote_dir, "inventory"),
+            input=json.dumps(message) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return f"no answer within {timeout:.0f} s"
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            found = json.loads(line)
+            return found if found.get("event") == "inventory" else str(found.get("refused"))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def transfer(args: argparse.Namespace, offer: Offer, identity: ModelIdentity) -> int:
+    token = secrets.token_bytes(32)
+    message = offer_message(offer, identity, token, args.address)
     base = {"rank": args.rank, "share_bytes": offer.total_bytes, "weight_bytes": offer.weight_bytes}
     with subprocess.Popen(
         _receiver_argv(args.dest, args.remote_dir, ""),
@@ -279,7 +310,7 @@ def _stderr(process: subprocess.Popen[str]) -> str:
     return lines[-1] if lines else f"exit status {process.returncode}"
 
 
-def build_offer(args: argparse.Namespace) -> tuple[Offer, Any]:
+def build_offer(args: argparse.Namespace) -> tuple[Offer, ModelIdentity]:
     from config.settings import load_settings
     from distributed.hosts import RankHost
     from distributed.plan import make_plan, resolve_weights
@@ -290,6 +321,8 @@ def build_offer(args: argparse.Namespace) -> tuple[Offer, Any]:
     if settings.model_transfer == "full":
         return full_offer(model_dir, identity), identity
     hosts = [RankHost.model_validate(host) for host in json.loads(args.hosts)]
+    if not 0 < args.rank < len(hosts):
+        raise ValueError(f"rank {args.rank} is not a worker of a job of {len(hosts)} ranks")
     config = json.loads((model_dir / "config.json").read_text())
     weights = resolve_weights(settings.rank_weights, hosts)
     plan = make_plan(config, len(hosts), weights, settings.parallelism, hosts)
@@ -320,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             "weight_bytes": offer.weight_bytes,
         }
     )
-    return transfer(args, offer, identity.key, identity.offer())
+    return transfer(args, offer, identity)
 
 
 if __name__ == "__main__":

@@ -252,11 +252,15 @@ class NetnsHosts:
     def run_in(self, worker: Worker, *command: str) -> subprocess.CompletedProcess:
         """`command` in the worker's mount and network namespaces (its sshd's), as root."""
         assert worker.sshd is not None, f"{worker.netns} has no sshd"
+        # Without the tests' LD_PRELOAD: OpenBLAS starts threads as it loads, and a
+        # threaded process cannot join a mount namespace (setns fails with EINVAL).
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         return subprocess.run(
             ["nsenter", "-t", str(worker.sshd.pid), "-m", "-n", *command],
             capture_output=True,
             text=True,
             timeout=120,
+            env=env,
         )
 
     def pids(self, worker: Worker) -> list[int]:
