@@ -249,7 +249,7 @@ def _check_room(found: Inventory, cache_dir: Path, offer: dict[str, Any], change
         found.free = free_bytes(found.directory)
     if found.free < need + DISK_RESERVE:
         found.refused = (
-            f"{found.directory.parent.parent} has {_human(found.free)} free; the share needs "
+            f"{Path(cache_dir).expanduser()} has {_human(found.free)} free; the share needs "
             f"{_human(need)} more and {_human(DISK_RESERVE)} stays free: free "
             f"{_human(need + DISK_RESERVE - found.free)} there, or point MODEL_CACHE_DIR at a "
             "larger disk"
