@@ -82,7 +82,8 @@ def small_files(directory: Path) -> tuple[list[str], list[str]]:
     """(sent, left out): the directory's top-level files other than weights (config,
     tokenizer, templates, generation config, custom code), the index of the original
     checkpoint files excepted; those over SMALL_FILE_LIMIT are left out."""
-    sent, left = [], []
+    sent: list[str] = []
+    left: list[str] = []
     for path in sorted(Path(directory).iterdir()):
         name = path.name
         if name.startswith(".") or not path.is_file():

@@ -95,7 +95,7 @@ class TensorFile(SourceFile):
         if array is None:
             raise RuntimeError(f"{self.name}: parameter {index} was read after it was released")
         mx.eval(array)
-        view = memoryview(array).cast("B")
+        view = memoryview(array).cast("B")  # type: ignore[arg-type]  # mx.array is a buffer
         self._held = (index, view)
         return view
 

@@ -78,7 +78,7 @@ class Sender:
             view.eta_s = event.get("eta_s")
         elif kind in ("done", "refused", "failed"):
             self.final = event
-            view.phase = kind  # type: ignore[assignment]
+            view.phase = kind
             view.note = str(event.get("reason", "")) if kind != "done" else _done_note(event)
             if kind == "done":
                 view.done_bytes = view.total_bytes
