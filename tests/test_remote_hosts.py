@@ -190,7 +190,8 @@ def test_answers_equal_those_of_workers_that_hold_the_full_model(cluster: Remote
     assert cluster.launch("stop").returncode == 0
     staged = shutil.copytree(model_dir, cluster.hosts.workdir / "staged" / model_dir.name)
     for worker in cluster.hosts.workers:
-        done = cluster.hosts.run_in(worker, "cp", "-a", str(staged), str(model_dir))
+        copy = f"mkdir -p {model_dir.parent} && cp -a {staged} {model_dir}"
+        done = cluster.hosts.run_in(worker, "sh", "-c", copy)
         assert done.returncode == 0, done.stderr
     shutil.rmtree(staged)
     done = cluster.launch("start", timeout=START_TIMEOUT)
