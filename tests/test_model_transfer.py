@@ -17,11 +17,13 @@ Needs root (skips with the reason otherwise).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import mlx.core as mx
 import pytest
 
@@ -45,6 +47,7 @@ from tests.support.transfer_hosts import (
     sender,
     up,
 )
+from tests.test_launch import START_TIMEOUT, copy_project
 
 pytestmark = [pytest.mark.cluster]
 
@@ -246,3 +249,73 @@ def test_a_worker_holding_a_full_copy_receives_nothing(
     key = identify(model_dir, CACHE).key
     pointer = hosts.run_in(worker, "cat", str(CACHE / "received" / key / "full.json"))
     assert json.loads(pointer.stdout) == {"path": str(model_dir)}
+
+
+# ---- the ranks serving from shares (opt-in: two starts per split) -----------------------
+
+ALL_SPLITS = pytest.mark.skipif(
+    os.environ.get("SHARE_SPLITS") != "all",
+    reason="opt-in (SHARE_SPLITS=all ./test.sh -k model_transfer): two starts per split; "
+    "always on: 3 ranks of a pipeline in tests/test_remote_hosts.py",
+)
+# (model, ranks, PARALLELISM, RANK_WEIGHTS)
+SERVED = {
+    "dense-tensor2": ("dense", 2, "tensor", None),
+    "dense-tensor3": ("dense", 3, "tensor", "2,1,1"),
+    "moe-expert2": ("moe", 2, "tensor", None),
+    "moe-expert3": ("moe", 3, "tensor", "2,1,1"),
+    "dense-pipeline2": ("dense", 2, "pipeline", None),
+    "dense-pipeline3": ("dense", 3, "pipeline", None),
+}
+
+
+def _answer(url: str) -> str:
+    reply = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0},
+        timeout=120,
+    )
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["text"]
+
+
+@ALL_SPLITS
+@pytest.mark.parametrize("split", list(SERVED), ids=list(SERVED))
+def test_ranks_serve_from_their_shares_as_from_full_copies(
+    split: str, hosts: NetnsHosts, models: dict[str, Path], tmp_path: Path
+) -> None:
+    name, ranks, parallelism, weights = SERVED[split]
+    model_dir = models[name]
+    workers = hosts.workers[: ranks - 1]
+    env = (
+        f"MODEL={model_dir}\nPARALLELISM={parallelism}\nRANK_WEIGHTS={weights or ''}\n"
+        f"MAX_SEQUENCE_LENGTH=512\nDEFAULT_MAX_TOKENS=16\nKEEP_WARM_SECONDS=0\n"
+        f"WORKER_HOSTS={','.join(w.address for w in workers)}\n"
+        f"WORKER_SSH={','.join('root@' + w.address for w in workers)}\n"
+        f"REMOTE_DIR={','.join(str(w.remote_dir) for w in workers)}\n"
+    )
+    project = copy_project(tmp_path / "project", env)
+    path = {"PATH": f"{hosts.bin}:{os.environ['PATH']}", "OPENBLAS_NUM_THREADS": "1"}
+    url = f"http://127.0.0.1:{project.port}"
+    staged = shutil.copytree(model_dir, hosts.workdir / "staged" / model_dir.name)
+    try:
+        shares = project.launch("start", env=path, timeout=START_TIMEOUT)
+        assert shares.returncode == 0, shares.stdout + shares.stderr
+        for worker in workers:
+            assert re.search(
+                rf"rank {worker.index} \(root@\S+\): holds its model \(.*\); sent ", shares.stdout
+            ), shares.stdout
+        from_shares = _answer(url)
+        assert project.launch("stop", env=path).returncode == 0
+        for worker in workers:  # now every host holds the full model
+            done = hosts.run_in(worker, "cp", "-a", str(staged), str(model_dir))
+            assert done.returncode == 0, done.stderr
+        full = project.launch("start", env=path, timeout=START_TIMEOUT)
+        assert full.returncode == 0, full.stdout + full.stderr
+        assert full.stdout.count("holds a full copy of the model") == len(workers), full.stdout
+        assert _answer(url) == from_shares
+    finally:
+        project.launch("stop", env=path)
+        shutil.rmtree(staged, ignore_errors=True)
+        for worker in workers:
+            hosts.run_in(worker, "rm", "-rf", str(model_dir))
