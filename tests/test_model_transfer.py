@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import pytest
 
 from acquisition.identity import identify
 from acquisition.wire import BLOCK_BYTES
+from config.settings import PROJECT_DIR
 from distributed.memory import predict_weight_bytes
 from distributed.plan import Plan, make_plan
 from distributed.rank_share import load_share, rank_parameters, share_key
@@ -319,3 +321,45 @@ def test_ranks_serve_from_their_shares_as_from_full_copies(
         shutil.rmtree(staged, ignore_errors=True)
         for worker in workers:
             hosts.run_in(worker, "rm", "-rf", str(model_dir))
+
+
+@pytest.mark.skipif(
+    os.environ.get("WORKER_WHEELS") != "1",
+    reason="opt-in (WORKER_WHEELS=1 ./test.sh -k wheels): a worker's venv installed from "
+    "wheels, some minutes",
+)
+def test_a_worker_without_the_package_index_gets_its_venv_from_this_hosts_wheels(
+    hosts: NetnsHosts, models: dict[str, Path], tmp_path: Path
+) -> None:
+    worker = hosts.workers[1]
+    venv = worker.remote_dir / ".venv"
+    shutil.rmtree(venv)  # hardlinks: the project's own venv is untouched
+    # PyPI is off the namespace's network; this machine's local mirrors go out of its sight
+    mirrors = [p for p in ("/opt/pypi", "/opt/pypi-more", "/opt/wheels") if Path(p).is_dir()]
+    for mirror in mirrors:
+        assert hosts.run_in(worker, "mount", "-t", "tmpfs", "tmpfs", mirror).returncode == 0
+    env = (
+        f"MODEL={models['dense']}\nPARALLELISM=tensor\nMAX_SEQUENCE_LENGTH=512\n"
+        f"DEFAULT_MAX_TOKENS=16\nKEEP_WARM_SECONDS=0\nWORKER_HOSTS={worker.address}\n"
+        f"WORKER_SSH=root@{worker.address}\nREMOTE_DIR={worker.remote_dir}\n"
+    )
+    project = copy_project(tmp_path / "project", env)
+    path = {"PATH": f"{hosts.bin}:{os.environ['PATH']}", "OPENBLAS_NUM_THREADS": "1"}
+    try:
+        done = project.launch("start", env=path, timeout=START_TIMEOUT)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"rank 1 (root@{worker.address}) cannot reach the package index" in done.stdout
+        assert "it installs the wheels this host downloads" in done.stdout
+        assert "installing from the wheels in run/wheels only (no package index)" in done.stdout
+        here = re.search(r"this host: Python \S+, mlx (\S+), mlx-lm (\S+),", done.stdout)
+        assert here, done.stdout
+        there = rf"mlx {re.escape(here[1])}, mlx-lm {re.escape(here[2])} \(venv\)"
+        assert re.search(rf"root@{re.escape(worker.address)} .*{there}", done.stdout)
+        assert _answer(f"http://127.0.0.1:{project.port}")
+    finally:
+        project.launch("stop", env=path)
+        for mirror in mirrors:
+            hosts.run_in(worker, "umount", mirror)
+        shutil.rmtree(venv, ignore_errors=True)
+        link = ["cp", "-al", str((PROJECT_DIR / ".venv").resolve()), str(venv)]
+        subprocess.run(link, check=True, timeout=120)
