@@ -107,8 +107,9 @@ def _scp(hosts: Any, model: Path, world: int) -> dict[str, Any]:
         copy.wait()
     copies = [
         subprocess.Popen(
-            [
+            [  # -O: the SCP protocol (the test hosts' sshd runs no SFTP subsystem)
                 "scp",
+                "-O",
                 "-q",
                 "-r",
                 "-S",
