@@ -1,20 +1,21 @@
 """Load this rank's part of the model: resolve MODEL, plan the split, load lazily and slice
-before anything is evaluated, so a rank only ever materializes its own share."""
+before anything is evaluated, so a rank only ever materializes its own share. A worker of a
+remote job resolves nothing: it loads the share (or the full copy) the first host sent it
+(acquisition/received.py, distributed/rank_share.py), already split."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
+from acquisition.received import NotReceived, Received
 from acquisition.source import ModelSourceError, resolve_model, served_names
 from config.settings import Settings
 from distributed.expert_parallel import LocalExperts
@@ -23,7 +24,8 @@ from distributed.model_shape import ModelShape, PlanError
 from distributed.pipeline import MlxLmPipeline, PipelineStage
 from distributed.plan import Plan, make_plan, resolve_weights
 from distributed.plan_text import describe
-from distributed.tensor_parallel import shard_model
+from distributed.rank_share import ShareMismatch, load_share, share_key
+from distributed.splitting import Progress, materialize, split_model, weight_bytes
 from distributed.watchdog import EvalGuard
 
 log = logging.getLogger("ring.plan")
@@ -60,12 +62,6 @@ class ModelInfo:
         return describe(self.plan)[1 + self.rank].strip()
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters this rank holds (its weight memory)."""
-    arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    return sum(array.nbytes for _, array in arrays)
-
-
 def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
     """Give every part of `model` that evaluates inside the forward pass (pipeline stages'
     sends and receives, expert routing) the watchdog's guard; returns how many."""
@@ -78,44 +74,17 @@ def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
     return count
 
 
-Progress = Callable[[int, int], None]  # (layers loaded, layers in all)
-
-
-def _evaluate_each(module: nn.Module) -> None:
-    arrays: list[tuple[str, mx.array]] = tree_flatten(module.parameters())  # type: ignore[assignment]
-    for _, array in arrays:
-        mx.eval(array)
-
-
-def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
-    # Layer by layer and tensor by tensor: evaluating a slice reads its whole source tensor
-    # (a stacked expert projection can be gigabytes), so a rank's peak stays one source
-    # tensor above its own share.
-    layers = [layer for layer in getattr(model, "layers", []) if layer is not None]
-    for done, layer in enumerate(layers, start=1):
-        _evaluate_each(layer)
-        if progress is not None:
-            progress(done, len(layers))
-    _evaluate_each(model)
-
-
-def split_model(model: nn.Module, plan: Plan, group: mx.distributed.Group) -> nn.Module:
-    """The part of lazily loaded `model` that `group`'s rank holds under `plan` (only the
-    sharders and stages read the group's rank and size, so a stand-in group serves too)."""
-    if plan.is_tensor:
-        return shard_model(model, plan, group)
-    if plan.strategy == "pipeline" and plan.via_mlx_lm:
-        return MlxLmPipeline(model, plan, group)
-    if plan.strategy == "pipeline":
-        return PipelineStage(model, plan, group)
-    return model
-
-
 def load_rank_model(
-    model_dir: Path, group: mx.distributed.Group, plan: Plan, progress: Progress | None = None
+    model_dir: Path,
+    group: mx.distributed.Group,
+    plan: Plan,
+    progress: Progress | None = None,
+    share_of: str | None = None,
 ) -> nn.Module:
     """This rank's part of the model in `model_dir` per `plan`, evaluated, after a barrier.
 
+    `share_of`: `model_dir` holds this rank's share of the model with that key, as the
+    first host sent it (distributed/rank_share.py), already split; else the whole model.
     Called like an mlx-lm model: `model(tokens, cache=cache)` returns logits whose last
     position is correct on rank 0 (tensor parallel: every rank). All ranks call it together.
     """
@@ -129,15 +98,19 @@ def load_rank_model(
     for line in lines if group.rank() == 0 else lines[group.rank() + 1 : group.rank() + 2]:
         log.info(line.strip())
     started = time.perf_counter()
-    model, _ = load_model(model_dir, lazy=True)
-    model = split_model(model, plan, group)
-    _materialize(model, progress)
+    if share_of is not None:
+        model = load_share(model_dir, plan, group, share_of, progress)
+    else:
+        model, _ = load_model(model_dir, lazy=True)
+        model = split_model(model, plan, group)
+        materialize(model, progress)
     log.info(
-        "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s",
+        "rank %d holds %.1f MiB of weights (%s), loaded in %.1f s%s",
         group.rank(),
         weight_bytes(model) / 2**20,
         plan.strategy,
         time.perf_counter() - started,
+        f" from its share {model_dir.name}" if share_of is not None else "",
     )
     if group.size() > 1:
         mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
@@ -149,9 +122,12 @@ def load_for_rank(
 ) -> tuple[nn.Module, ModelInfo]:
     """This rank's part of MODEL and what it holds. Every rank calls it in lock-step;
     `progress(done, total)` follows the layers it materializes."""
+    # A worker of a remote job loads what the first host sent it (acquisition/received.py);
+    # rank 0, and every rank of a local job, resolves MODEL.
+    held = Received.from_env(settings.model_cache_dir) if group.rank() != 0 else None
     try:
-        model_dir = Path(resolve_model(settings))
-    except ModelSourceError as exc:
+        model_dir = Path(resolve_model(settings)) if held is None else held.config_dir()
+    except (ModelSourceError, NotReceived) as exc:
         raise ModelLoadError(str(exc)) from None
     config = json.loads((model_dir / "config.json").read_text())
     try:
@@ -160,7 +136,17 @@ def load_for_rank(
         plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
-    model = load_rank_model(model_dir, group, plan, progress)
+    share_of = None
+    if held is not None and held.full_copy() is None:
+        share_of = held.model_key
+        try:
+            model_dir = held.share(share_key(held.model_key, plan, group.rank()))
+        except NotReceived as exc:
+            raise ModelLoadError(f"rank {group.rank()}: {exc}") from None
+    try:
+        model = load_rank_model(model_dir, group, plan, progress, share_of)
+    except ShareMismatch as exc:
+        raise ModelLoadError(f"rank {group.rank()} cannot load {model_dir}: {exc}") from None
     model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
         model_id=model_id,

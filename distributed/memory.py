@@ -39,25 +39,12 @@ KV_GROUP_SIZE = 64
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-class StandInGroup:
-    """The rank and size a sharder reads while slicing; it never runs a collective."""
-
-    def __init__(self, rank: int, size: int) -> None:
-        self._rank, self._size = rank, size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
-
-
 def predict_weight_bytes(model_dir: Path, plan: Plan, ranks: list[int] | None = None) -> list[int]:
     """The weight bytes of each of `ranks` (default: every rank) under `plan`, from the
     headers alone."""
     from mlx_lm.utils import load_model
 
-    from distributed.loader import split_model, weight_bytes
+    from distributed.splitting import StandInGroup, split_model, weight_bytes
 
     out = []
     for rank in range(plan.world_size) if ranks is None else ranks:

@@ -45,6 +45,40 @@ class LeftOut(BaseModel):
     reason: str
 
 
+class TransferView(BaseModel):
+    """One worker's model transfer before a start (launcher/transfer.py)."""
+
+    rank: int  # its rank in the job
+    host: str  # its SSH destination
+    phase: Literal["checking", "sending", "done", "refused", "failed"]
+    share: str = ""  # what it receives, in the plan's words
+    done_bytes: int = 0  # on the worker, checked
+    total_bytes: int = 0  # its share (or the whole model)
+    rate: float = 0.0  # bytes per second, this transfer
+    eta_s: float | None = None
+    note: str = ""  # done: how (nothing to send, a full copy there); refused/failed: why
+
+    def line(self) -> str:
+        """One line for people: who, how far, how fast, how long left."""
+        who = f"rank {self.rank} ({self.host})"
+        if self.phase == "checking":
+            return f"{who}: checking what it holds"
+        if self.phase in ("refused", "failed"):
+            return f"{who}: {self.phase}: {self.note}"
+        share = f"{_size(self.done_bytes)} of {_size(self.total_bytes)}"
+        if self.phase == "done":
+            return f"{who}: holds its model ({share}){f'; {self.note}' if self.note else ''}"
+        percent = 100 * self.done_bytes / self.total_bytes if self.total_bytes else 0.0
+        left = f", {self.eta_s:.0f} s left" if self.eta_s is not None else ""
+        return f"{who}: {percent:.0f}% ({share}), {_size(int(self.rate))}/s{left}"
+
+
+def _size(count: int) -> str:
+    if count >= 1 << 30:
+        return f"{count / 2**30:.2f} GiB"
+    return f"{count / 2**20:.1f} MiB"
+
+
 class SupervisorState(BaseModel):
     """What the supervisor is doing now, and what happened before."""
 
@@ -59,6 +93,13 @@ class SupervisorState(BaseModel):
     world_size: int | None = None  # ranks of the current (or last) job
     history: list[Failure] = []  # most recent last
     left_out: list[LeftOut] = []
+    transfer: list[TransferView] = []  # the last start's model transfer to the workers
+
+    def sending(self) -> str:
+        """'' unless the model is on its way to a worker; else how far each one is."""
+        if not any(view.phase in ("checking", "sending") for view in self.transfer):
+            return ""
+        return "sending the model: " + "; ".join(view.line() for view in self.transfer)
 
     def remember(self, failure: Failure) -> None:
         self.history = [*self.history, failure][-HISTORY:]
@@ -81,11 +122,15 @@ class SupervisorState(BaseModel):
                 text += f"; last failure {_ago(now - last.at)} ago ({last.what}): {last.reason}"
         elif self.phase == "starting":
             text = f"starting the ranks (attempt {max(self.attempt, 1)})"
+            if self.sending():
+                text += f", {self.sending()}"
         elif self.phase == "restarting":
             if self.next_try_at is not None and self.next_try_at > now:
                 attempt = f"attempt {self.attempt + 1} in {self.next_try_at - now:.0f} s"
             else:
                 attempt = f"attempt {self.attempt} under way"
+                if self.sending():
+                    attempt += f", {self.sending()}"
             text = f"restarting the ranks ({attempt}) after: {self.reason}"
         elif self.phase == "failed":
             text = f"gave up restarting the ranks: {self.reason}; ./launch.sh restart tries again"
@@ -127,6 +172,8 @@ def print_status(path: Path) -> int:
         print("supervisor: DOWN (nothing restarts the ranks; ./launch.sh start)")
         return 1
     print(f"supervisor: {state.summary()} (pid {state.pid})")
+    for view in state.transfer:
+        print(f"    model transfer: {view.line()}")
     for failure in state.history[-3:]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(failure.at))
         print(f"    {when} {failure.what}: {failure.reason}")

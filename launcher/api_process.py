@@ -108,12 +108,17 @@ class ApiKeeper:
         self.progress = progress
         self.policy = RestartPolicy(limit=2**31, window_s=1.0, first_s=0.5)
         self.due: float | None = None  # monotonic time of api.py's next start
+        self.confirmed = False  # the first start's /health was seen ready (or said why not)
 
     def start(self, first: bool = False) -> None:
         pid = self.api.start()
         log.info("started api.py (pid %d) on %s", pid, self.api.url)
-        if not first:
-            return
+        if first:
+            self.confirm()
+
+    def confirm(self) -> None:
+        """The first start's end: wait for /health and tell launch.sh."""
+        self.confirmed = True
         self.progress.say(f"==> API: api.py on {self.api.url} -> {self.api.paths.api_log.name}")
         problem = self.api.wait_healthy(API_READY_TIMEOUT_S)
         if problem is None:

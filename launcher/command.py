@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from acquisition.received import RECEIVED_ENV
 from launcher import cpu_layer
 
 if TYPE_CHECKING:
@@ -96,7 +97,9 @@ def launch_sh_argv(
     if settings.remote_mode:
         # Remote ranks read only their synced .env: settings overridden in this shell, and
         # OpenBLAS's own variables, travel with --env (an SSH session starts without them).
+        # The model's key tells the workers' ranks what the first host sent them.
         names = set(settings.as_env()) | {k for k in environ if k.startswith("OPENBLAS_")}
+        names.add(RECEIVED_ENV)
         job.rank_env = {k: environ[k] for k in sorted(names) if k in environ}
         job.rank_env[cpu_layer.SWITCH] = settings.native_kernels
         # mlx.launch busy-loops on each remote rank's ssh stdin pipe too;

@@ -6,6 +6,7 @@ memory check, as `./launch.sh plan` runs it, against each host's free memory).
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 from config.settings import Settings
 from ipc.supervisor_state import LeftOut
 from launcher import remote
+
+log = logging.getLogger("ring.supervisor")
 
 
 @dataclass
@@ -49,6 +52,25 @@ def choose_workers(
         if w.rank in missing
     ]
     return Choice(active=active, left_out=left_out)
+
+
+def job_of(
+    choice: Choice, settings: Settings, environ: dict[str, str]
+) -> tuple[Settings, dict[str, str]]:
+    """The settings and environment of a job that runs `choice`'s workers (it logs those
+    left out): their addresses and RANK_WEIGHTS entries, in rank order."""
+    if choice.left_out:
+        log.warning(
+            "starting without %s: the model fits the other %d rank(s) (DEGRADED_MODE=auto);"
+            " it is taken back at the next restart once it answers",
+            ", ".join(f"rank {w.rank} ({w.host})" for w in choice.left_out),
+            len(choice.active) + 1,
+        )
+    job = remote.job_settings(settings, choice.active)
+    environ = dict(environ)
+    if job is not settings:
+        environ["RANK_WEIGHTS"] = job.as_env()["RANK_WEIGHTS"]
+    return job, environ
 
 
 def fit_problem_without(

@@ -21,7 +21,7 @@ from launcher.hostfile import HostfileError, worker_destinations
 
 # Runs on each host with its own interpreter (sent on stdin, so it needs nothing installed).
 FACTS_SCRIPT = r"""
-import json, os, platform, subprocess, sys
+import json, os, platform, socket, subprocess, sys
 from importlib import metadata
 
 def version(name):
@@ -63,7 +63,7 @@ print(json.dumps({"python": platform.python_version(), "system": platform.system
                   "machine": platform.machine(), "mlx": version("mlx"),
                   "mlx_lm": version("mlx-lm"), "free_bytes": free, "total_bytes": total,
                   "venv": sys.prefix != sys.base_prefix, "cores": os.cpu_count(),
-                  "rank_memory_bytes": rank_memory()}))
+                  "rank_memory_bytes": rank_memory(), "hostname": socket.gethostname()[:64]}))
 """
 
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
@@ -81,6 +81,7 @@ class HostFacts(BaseModel):
     venv: bool
     cores: int | None = None
     rank_memory_bytes: int | None = None  # mlx's view (Metal working set), when mlx is there
+    hostname: str = ""  # as its rank names itself (distributed/hosts.py)
 
 
 def local_facts() -> HostFacts:

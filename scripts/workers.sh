@@ -1,4 +1,6 @@
-# Remote mode parts of launch.sh (sourced by it): the worker hosts over SSH.
+# Remote mode parts of launch.sh (sourced by it): the worker hosts over SSH. Workers never
+# resolve MODEL: the supervisor sends each its part from this host before every start
+# (launcher/transfer.py).
 # Uses launch.sh's helpers: cfg, workers, ssh_batch, step, info, warn, abort_start.
 # (The --env overrides that reach the remote ranks are built by launcher/command.py.)
 # `workers` prints "rank ssh-destination dir" per worker: REMOTE_DIR is one path for
@@ -20,12 +22,36 @@ sync_workers() {
             --exclude .git --exclude '*.log' --exclude __pycache__ --exclude .pytest_cache \
             --exclude .ruff_cache --exclude .hypothesis ./ "$dest:$dir/" >>"$RUN/sync.log" 2>&1 ||
             abort_start "rsync to $dest:$dir failed" "$RUN/sync.log"
+        worker_venv "$rank" "$dest" "$dir"
+    done < <(workers)
+}
+
+worker_venv() { # rank dest dir: the pinned venv there, from the index or from our wheels
+    local rank="$1" dest="$2" dir="$3" here there why
+    ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh status" 2>&1 | sed 's/^/      /'
+    [[ "${PIPESTATUS[0]}" == 0 ]] && return 0
+    if why="$(ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh reach-index" 2>&1)"; then
         ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh runtime" 2>&1 | sed 's/^/      /'
         [[ "${PIPESTATUS[0]}" == 0 ]] || abort_start "could not prepare the venv on $dest"
-        ssh_batch "$dest" "cd $dir && .venv/bin/python -m acquisition.source" \
-            >"$RUN/model-$rank.log" 2>&1 ||
-            abort_start "rank $rank ($dest) could not resolve MODEL" "$RUN/model-$rank.log"
-    done < <(workers)
+        return 0
+    fi
+    # No index there: the same pins, as wheels this host downloads (once, into run/wheels),
+    # sent over SSH and installed with --no-index. They fit only the same Python and system.
+    info "rank $rank ($dest) cannot reach the package index ($(printf '%s' "$why" | tail -n 1));" \
+        "it installs the wheels this host downloads"
+    here="$("$ROOT/scripts/setup_venv.sh" platform)"
+    there="$(ssh_batch "$dest" "cd $dir && scripts/setup_venv.sh platform" 2>&1 | tail -n 1)"
+    [[ "$here" == "$there" ]] || abort_start "rank $rank ($dest) cannot reach the package index" \
+        "and runs $there, this host $here: this host's wheels would not install there; give" \
+        "it access to the index, or install $dir/.venv there by hand"
+    "$ROOT/scripts/setup_venv.sh" wheels "$RUN/wheels" >>"$RUN/sync.log" 2>&1 ||
+        abort_start "could not download the wheels for $dest (pip download)" "$RUN/sync.log"
+    rsync -a -e "ssh -o BatchMode=yes -o ConnectTimeout=5" "$RUN/wheels/" \
+        "$dest:$dir/run/wheels/" >>"$RUN/sync.log" 2>&1 ||
+        abort_start "could not send the wheels to $dest:$dir/run/wheels" "$RUN/sync.log"
+    ssh_batch "$dest" "cd $dir && WHEELHOUSE=run/wheels scripts/setup_venv.sh runtime" 2>&1 |
+        sed 's/^/      /'
+    [[ "${PIPESTATUS[0]}" == 0 ]] || abort_start "could not install the wheels on $dest"
 }
 
 check_workers() { # after sync: same Python, mlx and mlx-lm as here, enough memory

@@ -1,11 +1,12 @@
 """The dashboard in a real headless browser (Debian's chromium) against real ranks and
 the real api.py: every rank is listed with its memory, the tokens/s plot moves after a
 request, the chat panel streams an answer, the page asks for API_KEY once (its state
-needs the key, as every route but the probes and the static pages), and an idle page
-never wakes the ranks."""
+needs the key, as every route but the probes and the static pages), an idle page never
+wakes the ranks, and a model transfer the supervisor reports shows while it runs."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
+from ipc.supervisor_state import STATE_ENV, SupervisorState, TransferView, write_state
 from launcher.local_cluster import Cluster
 from tests.support.api_server import running_api
 from tests.support.browser import browser_missing, headless_chromium
@@ -27,7 +29,15 @@ KEY = "dashboard-test-key"
 
 
 @pytest.fixture(scope="module")
-def stack(endless_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def state_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where api.py looks for a supervisor's state (none there unless a test writes it)."""
+    return tmp_path_factory.mktemp("supervisor") / "supervisor.json"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    endless_llama: Path, state_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     missing = browser_missing()
     if missing:
         pytest.fail(f"the dashboard test needs a browser: {missing}")
@@ -35,7 +45,7 @@ def stack(endless_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     # time. (Sampled at temperature 1, the tiny random model ended at once in 1 of 40 tries,
     # and a CI run saw that empty answer.)
     with Cluster(endless_llama, ranks=2, env={"KEEP_WARM_SECONDS": "0"}) as cluster:
-        env = {"SOCKET_PATH": str(cluster.socket_path), "API_KEY": KEY}
+        env = {"SOCKET_PATH": str(cluster.socket_path), "API_KEY": KEY, STATE_ENV: str(state_file)}
         log = tmp_path_factory.mktemp("dashboard") / "api.log"
         with running_api(env, log) as api, headless_chromium() as browser:
             browser.get(f"{api.base_url}/")
@@ -140,3 +150,33 @@ def _shows(browser: Any, element: str, parts: list[str]) -> None:
         wait(browser, lambda b: all(part in text(b) for part in parts))
     except TimeoutException:
         pytest.fail(f"#{element} never showed {parts}: {text(browser)!r}")
+
+
+def test_a_model_transfer_shows_while_it_runs(stack, state_file: Path) -> None:
+    _, _, browser = stack
+    sending = TransferView(
+        rank=1,
+        host="me@mac2",
+        phase="sending",
+        share="layers 31-60 (30)",
+        done_bytes=3 * 2**30,
+        total_bytes=12 * 2**30,
+        rate=1.1e9,
+        eta_s=8.4,
+    )
+    done = TransferView(rank=2, host="me@mac3", phase="done", done_bytes=2**30, total_bytes=2**30)
+    state = SupervisorState(
+        pid=os.getpid(), phase="starting", since=time.time(), transfer=[sending, done]
+    )
+    write_state(state_file, state)  # as the supervisor writes it before a start
+    try:
+        rows = wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#transfer .rank-row"))
+        assert [row.get_attribute("data-rank") for row in rows] == ["1", "2"]
+        detail = rows[0].find_element(By.CLASS_NAME, "rank-detail").text
+        assert "me@mac2 · sending · 3.0 GiB of 12.0 GiB · 1.0 GiB/s · 8 s left" in detail, detail
+        bar = rows[0].find_element(By.CSS_SELECTOR, ".progress span").get_attribute("style")
+        assert "width: 25%" in bar, bar
+        assert browser.find_element(By.ID, "transfer-section").is_displayed()
+    finally:
+        state_file.unlink()
+    wait(browser, lambda b: not b.find_element(By.ID, "transfer-section").is_displayed())

@@ -4,29 +4,36 @@ This machine is rank 0 (10.77.0.1 on the test's bridge); workers 10.77.0.2 and 1
 are namespaces (tests/support/netns_hosts.py) reached over SSH with throwaway keys, each
 with its own REMOTE_DIR. Each REMOTE_DIR starts with a hardlinked copy of the project's
 .venv (the namespaces cannot reach PyPI), so the venv creation on a worker is not run
-here; the code, config and .env arrive by rsync. The tests run in file order against one
-cluster: faults before the start, then start, status, and the chaos of remote mode under
-the supervisor (DEGRADED_MODE=auto, COLLECTIVE_TIMEOUT_SECONDS=15): a worker's link taken
-down mid-stream (the cluster comes back without it), then brought back and another
-worker's rank killed mid-stream (the cluster comes back by itself, and takes the left-out
-worker back), 100 ms added on a worker's link while streaming (tc netem where the kernel
-has it, else tests/support/delay_link.py); then stop. Each fault reports a row for
-docs/RELIABILITY.md (tests/support/chaos.py). The three faults run with REMOTE_FAULTS=all.
-Needs root (skips with the reason otherwise).
+here; the code, config and .env arrive by rsync. Each worker's model cache is an empty disk
+of its own (rank 0's is out of its sight): the start sends each its share of the model,
+which its rank loads, and a start where they hold full copies answers the same. The tests
+run in file order against one cluster: faults before the start, then start, status, and
+the chaos of remote mode under the supervisor (DEGRADED_MODE=auto,
+COLLECTIVE_TIMEOUT_SECONDS=15): a worker's link taken down mid-stream (the cluster comes
+back without it), then brought back and another worker's rank killed mid-stream (the
+cluster comes back by itself, and takes the left-out worker back), 100 ms added on a
+worker's link while streaming (tc netem where the kernel has it, else
+tests/support/delay_link.py); then stop. Each fault reports a row for docs/RELIABILITY.md
+(tests/support/chaos.py). The three faults run with REMOTE_FAULTS=all. Needs root (skips
+with the reason otherwise).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
+from distributed.memory import predict_weight_bytes
+from distributed.plan import Plan
 from ipc.processes import running
 from tests.support.chaos import (
     HealthWatch,
@@ -47,16 +54,19 @@ from tests.support.first_use import traced_after_ready
 from tests.support.project import START_TIMEOUT, ours
 from tests.support.remote_cluster import (
     COLLECTIVE_TIMEOUT,
+    MODEL_CACHE,
     RemoteCluster,
     cluster_fixture,  # noqa: F401 (fixture, used by name)
     hosts_fixture,  # noqa: F401 (fixture, used by name)
     mlx_metadata,
     set_link,
 )
+from tests.support.transfer_hosts import files_on
 from tests.test_launch import project as launch_project  # noqa: F401 (fixture, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
+STARTED: dict[str, str] = {}  # the start's output and first answer, for the tests after it
 FAST = 30  # seconds: a fault must stop detect and start well before anything loads
 COUNTING = "Count from 1 to 300, one number per line, with no other words."
 
@@ -147,6 +157,51 @@ def test_start_syncs_each_worker_and_serves_across_the_hosts(cluster: RemoteClus
     answer = cluster.ask_capital()
     assert "Paris" in answer.choices[0].message.content
     assert answer.usage.completion_tokens > 0
+    STARTED.update(output=done.stdout, answer=answer.choices[0].message.content)
+
+
+def test_each_worker_received_its_share_and_its_rank_loaded_it(cluster: RemoteCluster) -> None:
+    """The workers' caches started empty (their own disks): each received its share of the
+    pipeline from rank 0's copy, within 5% of the plan's weights for its rank, and its rank
+    loaded that share (it resolves no MODEL)."""
+    output = STARTED["output"]
+    assert "==> Model: each worker receives its part from this host" in output, output
+    model_dir = Path(re.search(r"model directory: (\S+)", output)[1])
+    status = httpx.get(f"{cluster.url}/cluster/status", timeout=10).json()
+    plan = Plan.model_validate(status["plan"])
+    assert plan.strategy == "pipeline" and plan.world_size == 3
+    log = (cluster.root / "server.log").read_text()
+    for worker in cluster.hosts.workers:
+        sent = rf"rank {worker.index} \(root@{re.escape(worker.address)}\): holds its model "
+        found = re.search(sent + r"\(([\d.]+) MiB of \1 MiB\); sent \1 MiB in", output)
+        assert found, output
+        share = files_on(cluster.hosts, worker, MODEL_CACHE / "received")
+        on_disk = sum(share.values())
+        planned = predict_weight_bytes(model_dir, plan, [worker.index])[0]
+        assert abs(on_disk - planned) <= 0.05 * planned, (on_disk, planned, share)
+        assert not [name for name in share if name.endswith(".safetensors.part")]
+        assert re.search(rf"r{worker.index} INFO rank {worker.index} holds .* from its share ", log)
+
+
+def test_answers_equal_those_of_workers_that_hold_the_full_model(cluster: RemoteCluster) -> None:
+    """Restarted with a full copy of the model on each worker's own disk (where its own
+    import would put it): nothing is sent, the ranks load their full copies, and the answer
+    is the one the shares gave."""
+    model_dir = Path(re.search(r"model directory: (\S+)", STARTED["output"])[1])
+    assert cluster.launch("stop").returncode == 0
+    staged = shutil.copytree(model_dir, cluster.hosts.workdir / "staged" / model_dir.name)
+    for worker in cluster.hosts.workers:
+        copy = f"mkdir -p {model_dir.parent} && cp -a {staged} {model_dir}"
+        done = cluster.hosts.run_in(worker, "sh", "-c", copy)
+        assert done.returncode == 0, done.stderr
+    shutil.rmtree(staged)
+    done = cluster.launch("start", timeout=START_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for worker in cluster.hosts.workers:
+        held = f"rank {worker.index} (root@{worker.address}) holds a full copy of the model"
+        assert f"{held} ({model_dir}): nothing to send" in done.stdout, done.stdout
+    answer = cluster.ask_capital().choices[0].message.content
+    assert answer == STARTED["answer"]
 
 
 def test_status_lists_every_hosts_rank(cluster: RemoteCluster) -> None:

@@ -11,6 +11,12 @@ it), so nothing is written to ~/.ssh. Each worker gets its own REMOTE_DIR.
 `down()` removes everything `up()` made, also after a failure: every process inside the
 namespaces (by pid), the namespaces, veths, bridge and the work directory. A lock file
 serializes test runs that would share the subnet; leftovers of a killed run are removed.
+
+`private` paths (e.g. rank 0's model cache) are what a worker must not share with this
+machine: each worker's sshd runs in a mount namespace of its own where every one of them is
+an empty tmpfs (of `private_size`), so whatever a worker's session writes there stays on that
+worker, as on a separate Mac, and rank 0's files there are out of its sight. `run_in`
+runs a command in a worker's mount namespace (to fill, inspect or shrink its disk).
 """
 
 from __future__ import annotations
@@ -80,8 +86,12 @@ class Worker:
 class NetnsHosts:
     """`count` worker hosts in network namespaces on 10.77.0.0/24; see the module docs."""
 
-    def __init__(self, count: int = 2) -> None:
+    def __init__(
+        self, count: int = 2, private: list[Path] | None = None, private_size: str = "4g"
+    ) -> None:
         self.count = count
+        self.private = [Path(p) for p in private or []]
+        self.private_size = private_size
         self.workdir = Path(tempfile.mkdtemp(prefix="mlx-ring-netns-"))
         self.bin = self.workdir / "bin"  # holds `ssh`: put it first on PATH
         self.workers = [
@@ -199,19 +209,17 @@ class NetnsHosts:
         """Start the worker's sshd (in its namespace) and wait until its port answers."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
         log = open(worker.home / "sshd.log", "ab")  # noqa: SIM115 (the child keeps it)
+        sshd = [SSHD, "-D", "-e", "-f", str(worker.home / "sshd_config")]
+        if self.private:  # unshare and sh exec: the pid stays sshd's
+            mounts = ""
+            for path in self.private:
+                path.mkdir(parents=True, exist_ok=True)
+                mounts += f"mount -t tmpfs -o size={self.private_size} tmpfs {path} && "
+            sshd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                    f'{mounts}exec "$@"', "sh", *sshd]  # fmt: skip
         with log:
             worker.sshd = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    worker.netns,
-                    SSHD,
-                    "-D",
-                    "-e",
-                    "-f",
-                    str(worker.home / "sshd_config"),
-                ],  # fmt: skip
+                ["ip", "netns", "exec", worker.netns, *sshd],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -240,6 +248,20 @@ class NetnsHosts:
         worker.sshd = None
 
     # ---- inspection -------------------------------------------------------------------
+
+    def run_in(self, worker: Worker, *command: str) -> subprocess.CompletedProcess:
+        """`command` in the worker's mount and network namespaces (its sshd's), as root."""
+        assert worker.sshd is not None, f"{worker.netns} has no sshd"
+        # Without the tests' LD_PRELOAD: OpenBLAS starts threads as it loads, and a
+        # threaded process cannot join a mount namespace (setns fails with EINVAL).
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        return subprocess.run(
+            ["nsenter", "-t", str(worker.sshd.pid), "-m", "-n", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
 
     def pids(self, worker: Worker) -> list[int]:
         """Every process that runs inside the worker's namespace."""

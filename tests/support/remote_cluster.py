@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from config.settings import PROJECT_DIR
+from config.settings import PROJECT_DIR, Settings
 from tests.support import netns_hosts
 from tests.support.netns_hosts import NetnsHosts, Worker
 from tests.support.project import Project
@@ -31,6 +31,9 @@ CHAOS_ENV = (
     f"DEGRADED_MODE=auto\nCOLLECTIVE_TIMEOUT_SECONDS={COLLECTIVE_TIMEOUT}\n"
     "RESTART_WAIT_SECONDS=180\n"
 )
+
+
+MODEL_CACHE = Settings.model_fields["model_cache_dir"].get_default()  # the tests' (default)
 
 
 class RemoteCluster:
@@ -109,7 +112,8 @@ def hosts_fixture() -> Iterator[NetnsHosts]:
     reason = netns_hosts.unavailable()
     if reason:
         pytest.skip(f"remote-mode tests need network namespaces with sshd: {reason}")
-    made = NetnsHosts(count=2).up()
+    # rank 0's model cache is each worker's own empty disk: the workers receive their shares
+    made = NetnsHosts(count=2, private=[MODEL_CACHE]).up()
     try:
         venv = (PROJECT_DIR / ".venv").resolve()
         for worker in made.workers:  # no PyPI inside the namespaces: a hardlinked venv

@@ -86,14 +86,20 @@ def _hf_mxfp4_experts(weights: dict[str, mx.array], layers: int) -> dict[str, mx
 
 
 def write_family_model(
-    directory: Path, family: str, *, bits: int | None = None, mode: str = "affine", seed: int = 0
+    directory: Path,
+    family: str,
+    *,
+    bits: int | None = None,
+    mode: str = "affine",
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write the tiny `family` model (float32, or quantized: 4-bit affine with groups of 32,
     or mxfp4; "hf-mxfp4": gpt-oss's Hugging Face layout, only the experts mxfp4) to
-    `directory`; returns it."""
+    `directory`; returns it. `overrides` change its config (larger sizes, more layers)."""
     directory.mkdir(parents=True, exist_ok=True)
     vocab = write_byte_tokenizer(directory)
-    config = copy.deepcopy(CONFIGS.get(family) or MLX_LM_CONFIGS[family])
+    config = copy.deepcopy(CONFIGS.get(family) or MLX_LM_CONFIGS[family]) | (overrides or {})
     config = {key: value for key, value in config.items() if value is not None or key != "head_dim"}
     text = config.get("text_config", config)
     text["vocab_size"] = max(vocab, text.get("vocab_size", 0))

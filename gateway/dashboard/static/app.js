@@ -117,6 +117,28 @@ function renderLoading(s) {
   }));
 }
 
+function renderTransfer(s) {
+  // the model on its way to the workers before a start (launcher/transfer.py)
+  const views = (s.supervisor && s.supervisor.transfer) || [];
+  const active = views.some((v) => v.phase === "checking" || v.phase === "sending");
+  $("transfer-section").classList.toggle("hidden", !active);
+  $("transfer").replaceChildren(...views.map((v) => {
+    const row = document.createElement("div");
+    row.className = "rank-row";
+    row.dataset.rank = v.rank;
+    const share = v.total_bytes ? (100 * v.done_bytes) / v.total_bytes : 0;
+    row.innerHTML = `<span class="rank-name">rank ${v.rank}</span>` +
+      `<div><div class="progress"><span style="width:${share}%"></span></div>` +
+      `<div class="rank-detail"></div></div>`;
+    const left = v.eta_s == null ? "" : ` · ${Math.round(v.eta_s)} s left`;
+    const rate = v.phase === "sending" ? ` · ${bytes(v.rate)}/s${left}` : "";
+    row.querySelector(".rank-detail").textContent =
+      `${v.host} · ${v.phase} · ${bytes(v.done_bytes)} of ${bytes(v.total_bytes)}${rate}` +
+      (v.note ? ` · ${v.note}` : "");
+    return row;
+  }));
+}
+
 function plot(canvas, series, colors) {
   const ctx = canvas.getContext("2d");
   const w = canvas.width, h = canvas.height, pad = 24;
@@ -221,6 +243,7 @@ async function refresh() {
     if (!response.ok) throw new Error(`/dashboard/state: HTTP ${response.status}`);
     const s = await response.json();
     renderHeader(s); renderModel(s); renderPlan(s); renderRanks(s); renderLoading(s);
+    renderTransfer(s);
     renderSeries(s); renderCache(s); renderSpeculation(s); renderSupervisor(s); renderRecent(s);
   } catch (error) {
     $("state").textContent = "api down";
