@@ -19,11 +19,15 @@ from acquisition.source import ModelSourceError, resolve_model, served_names
 from config.settings import Settings
 from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
+from distributed.memory import activation_bytes
 from distributed.model_shape import ModelShape, PlanError
 from distributed.pipeline import MlxLmPipeline, PipelineStage
-from distributed.plan import Plan, make_plan, resolve_weights
+from distributed.plan import Plan, resolve_weights
+from distributed.plan_speed import choose_plan
 from distributed.plan_text import describe
-from distributed.tensor_parallel import shard_model
+from distributed.splitting import split_model, weight_bytes
+from distributed.step_model import Speed, describe_speed
+from distributed.step_probe import measure_speed
 from distributed.watchdog import EvalGuard
 
 log = logging.getLogger("ring.plan")
@@ -45,6 +49,8 @@ class ModelInfo:
     rank: int
     weight_bytes: int
     hosts: list[RankHost]
+    speed: Speed  # every rank's machine and the link, measured at start (step_probe.py)
+    activation_bytes: int  # of the hidden state and the KV cache
 
     @property
     def host(self) -> RankHost:
@@ -58,12 +64,6 @@ class ModelInfo:
     def share(self) -> str:
         """This rank's line of the plan."""
         return describe(self.plan)[1 + self.rank].strip()
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters this rank holds (its weight memory)."""
-    arrays: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    return sum(array.nbytes for _, array in arrays)
 
 
 def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
@@ -97,18 +97,6 @@ def _materialize(model: nn.Module, progress: Progress | None = None) -> None:
         if progress is not None:
             progress(done, len(layers))
     _evaluate_each(model)
-
-
-def split_model(model: nn.Module, plan: Plan, group: mx.distributed.Group) -> nn.Module:
-    """The part of lazily loaded `model` that `group`'s rank holds under `plan` (only the
-    sharders and stages read the group's rank and size, so a stand-in group serves too)."""
-    if plan.is_tensor:
-        return shard_model(model, plan, group)
-    if plan.strategy == "pipeline" and plan.via_mlx_lm:
-        return MlxLmPipeline(model, plan, group)
-    if plan.strategy == "pipeline":
-        return PipelineStage(model, plan, group)
-    return model
 
 
 def load_rank_model(
@@ -157,7 +145,12 @@ def load_for_rank(
     try:
         hosts = gather_hosts(group)
         weights = resolve_weights(settings.rank_weights, hosts)
-        plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
+        shape = ModelShape.from_config(config)
+        activation = activation_bytes(model_dir, config)
+        started = time.perf_counter()
+        speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
+        log.info("%s (%.2f s)", describe_speed(speed), time.perf_counter() - started)
+        plan = choose_plan(config, weights, settings.parallelism, hosts, speed, activation)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
     model = load_rank_model(model_dir, group, plan, progress)
@@ -171,5 +164,7 @@ def load_for_rank(
         rank=group.rank(),
         weight_bytes=weight_bytes(model),
         hosts=hosts,
+        speed=speed,
+        activation_bytes=activation,
     )
     return model, info

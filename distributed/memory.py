@@ -54,7 +54,7 @@ def predict_weight_bytes(model_dir: Path, plan: Plan, ranks: list[int] | None = 
     headers alone."""
     from mlx_lm.utils import load_model
 
-    from distributed.loader import split_model, weight_bytes
+    from distributed.splitting import split_model, weight_bytes
 
     out = []
     for rank in range(plan.world_size) if ranks is None else ranks:

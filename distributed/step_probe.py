@@ -1,0 +1,286 @@
+"""Measure at start what the step-time model needs of the machines and the link under the
+ranks (distributed/step_model.py), in well under a second.
+
+- The machine: every rank multiplies rows of activations against weights shaped like one
+  decoder layer of the model (its attention and MLP projections, in the model's float type
+  or quantization), repeated past the caches: bytes a rank reads per ms at 1, 2, 4, 8 and
+  16 rows (decode, speculation) and at PREFILL_ROWS (a prefill's arithmetic). The ranks
+  probe at once, so ranks sharing a host's cores measure the rate they will get together.
+- The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
+  state of 1, 8, 16 and PREFILL_ROWS rows) and fit a fixed cost plus a cost per byte.
+
+One all_gather then gives every rank every rank's figures, so every rank plans from the
+same numbers (PARALLELISM=auto, distributed/plan_speed.py).
+
+    python -m distributed.step_probe MODEL_DIR   # this machine's rates as JSON (the plan)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from distributed.chips import Chip, Link, chip_named, this_chip
+from distributed.hosts import RankHost, local_memory_bytes
+from distributed.model_shape import ModelShape
+from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
+
+DECODE_ROWS = (1, 2, 4, 8, 16)
+PREFILL_ROWS = 128
+# Weights read per probe run: past a CPU's caches; on a GPU enough to hide the dispatch.
+CPU_PROBE_BYTES = 48 * 2**20
+GPU_PROBE_BYTES = 512 * 2**20
+REPEATS = 7
+LINK_REPEATS = 12
+_RECORD_BYTES = 2048
+
+
+def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's projections (a routed expert's where the model has
+    no dense MLP)."""
+    hidden = shape.hidden_size
+    q = shape.num_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.kv_rows
+    columns = shape.intermediate_size or shape.expert_size or 4 * hidden
+    return [(q, hidden), (kv, hidden), (kv, hidden), (hidden, q)] + [
+        (columns, hidden),
+        (columns, hidden),
+        (hidden, columns),
+    ]
+
+
+class _Weights:
+    """Weights of given (out, in) shapes up to a byte budget, in the model's format, and
+    the product a layer computes with them. `head`: stored [in, out] as MLX's CPU layer
+    keeps an output head (engine/cpu_linear.py); elsewhere [out, in] like every layer."""
+
+    def __init__(
+        self, shapes: list[tuple[int, int]], shape: ModelShape, dtype: mx.Dtype, budget: int,
+        head: bool = False,
+    ) -> None:  # fmt: skip
+        self.shape, self.dtype = shape, dtype
+        self.items: list[tuple[Any, int]] = []  # (weight, its input width)
+        self.nbytes = self.params = 0
+        quantize = bool(shape.quantized and shape.bits and shape.group_size)
+        self.transposed = head and not quantize and mx.default_device() == mx.cpu
+        while self.nbytes < budget:
+            for rows, columns in shapes:
+                w: Any = mx.full((rows, columns), 0.01, dtype=dtype)
+                if quantize:
+                    w = mx.quantize(w, shape.group_size, shape.bits, mode=shape.quant_mode)
+                elif self.transposed:
+                    w = mx.contiguous(w.T)
+                mx.eval(w)
+                self.items.append((w, columns))
+                self.nbytes += sum(p.nbytes for p in w if p is not None) if quantize else w.nbytes
+                self.params += rows * columns
+
+    def _product(self, x: mx.array, w: Any) -> mx.array:
+        if isinstance(w, mx.array):
+            return x @ w if self.transposed else x @ w.T
+        weight, scales, *rest = w
+        s = self.shape
+        return mx.quantized_matmul(
+            x, weight, scales, rest[0] if rest else None, True, s.group_size, s.bits,
+            mode=s.quant_mode,
+        )  # fmt: skip
+
+    def ms(self, rows: int, repeats: int, items: int | None = None) -> float:
+        """Median ms of one pass of `rows` rows through the first `items` weights."""
+        chosen = self.items[:items] if items else self.items
+        inputs = {w_in: mx.full((rows, w_in), 0.5, dtype=self.dtype) for _, w_in in chosen}
+        mx.eval(list(inputs.values()))
+
+        def run() -> None:
+            mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
+
+        return _median_ms(run, repeats)
+
+
+def _median_ms(run: Any, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
+
+
+def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> Machine:
+    """This machine's rates for `shape`'s layers and head, as one rank of it sees them."""
+    dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
+    gpu = mx.default_device() == mx.gpu
+    budget = GPU_PROBE_BYTES if gpu else CPU_PROBE_BYTES
+    layers = _Weights(_layer_shapes(shape), shape, dtype, budget)
+    rates = [(rows, layers.nbytes / layers.ms(rows, REPEATS)) for rows in DECODE_ROWS]
+    # a prefill's many rows: one layer's weights are enough arithmetic to time
+    one = len(_layer_shapes(shape))
+    ms = layers.ms(PREFILL_ROWS, REPEATS, one)
+    layer_bytes = layers.nbytes * one // len(layers.items)
+    layer_params = layers.params * one // len(layers.items)
+    rates.append((PREFILL_ROWS, layer_bytes / ms))
+    head_rows = max(1, min(shape.vocab_size, budget // (shape.hidden_size * 4)))
+    head = _Weights([(head_rows, shape.hidden_size)], shape, dtype, 1, head=True)
+    head_rates = [(rows, head.nbytes / head.ms(rows, REPEATS)) for rows in DECODE_ROWS]
+    mx.clear_cache()
+    chip = this_chip()
+    return Machine(
+        name=name or (f"{chip} (measured)" if chip else "this machine (measured)"),
+        memory_bytes=local_memory_bytes(),
+        cores=_cores(),
+        rates=tuple(rates),
+        head_rates=tuple(head_rates),
+        flops_per_ms=2 * PREFILL_ROWS * layer_params / ms,
+        chip=_known_chip(chip),
+        overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
+    )
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def _known_chip(name: str) -> Chip | None:
+    try:
+        return chip_named(name) if name else None
+    except ValueError:
+        return None
+
+
+# ---- the link ---------------------------------------------------------------------------
+
+
+def probe_link(
+    group: mx.distributed.Group, shape: ModelShape, activation_bytes: int, backend: str
+) -> Link:
+    """A fixed cost plus a cost per byte, fitted to all_sums of a step's sizes."""
+    dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
+    arrays = [mx.zeros((4096,), dtype=mx.uint8)] + [
+        mx.zeros((rows, shape.hidden_size), dtype=dtype) for rows in (1, 8, 16, PREFILL_ROWS)
+    ]
+    sizes, times = [], []
+    for array in arrays:
+        mx.eval(array)
+
+        def run(array: mx.array = array) -> None:
+            mx.eval(mx.distributed.all_sum(array, group=group))
+
+        sizes.append(array.nbytes)
+        times.append(_median_ms(run, LINK_REPEATS))
+    slope, intercept = np.polyfit(np.array(sizes, dtype=float), np.array(times), 1)
+    ranks = group.size()
+    topology = "mesh" if backend == "jaccl" else "ring"
+    hops = ranks - 1 if topology == "ring" else 1
+    per_byte = max(float(slope), 1e-9)
+    latency_ms = max(float(intercept), min(times) / 2)
+    return Link(
+        name=f"measured ({backend}, {ranks} ranks)",
+        latency_us=latency_ms * 1e3 / hops,
+        gb_s=2 * (ranks - 1) / ranks / per_byte / 1e6,
+        topology=topology,
+        source="all_sums timed at start (distributed/step_probe.py)",
+    )
+
+
+# ---- every rank's figures -----------------------------------------------------------------
+
+
+def machine_record(machine: Machine) -> dict[str, Any]:
+    return {
+        "name": machine.name,
+        "memory_bytes": machine.memory_bytes,
+        "cores": machine.cores,
+        "rates": [[rows, round(rate, 3)] for rows, rate in machine.rates],
+        "head_rates": [[rows, round(rate, 3)] for rows, rate in machine.head_rates],
+        "flops_per_ms": round(machine.flops_per_ms, 1),
+        "chip": machine.chip.name if machine.chip else "",
+        "gpu": machine.overhead is GPU_OVERHEAD,
+    }
+
+
+def machine_from_record(record: dict[str, Any]) -> Machine:
+    return Machine(
+        name=record["name"],
+        memory_bytes=int(record["memory_bytes"]),
+        cores=int(record["cores"]),
+        rates=tuple((int(rows), float(rate)) for rows, rate in record["rates"]),
+        head_rates=tuple((int(rows), float(rate)) for rows, rate in record.get("head_rates", [])),
+        flops_per_ms=float(record["flops_per_ms"]),
+        chip=_known_chip(record.get("chip", "")),
+        overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
+    )
+
+
+def _all_records(group: mx.distributed.Group, mine: dict[str, Any]) -> list[dict[str, Any]]:
+    if group.size() == 1:
+        return [mine]
+    record = np.zeros(_RECORD_BYTES, dtype=np.uint8)
+    encoded = json.dumps(mine).encode()
+    if len(encoded) > _RECORD_BYTES:
+        raise ValueError(f"a rank's speed record is {len(encoded)} bytes, over {_RECORD_BYTES}")
+    record[: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+    gathered = mx.distributed.all_gather(mx.array(record), group=group)
+    rows = np.array(gathered).reshape(group.size(), _RECORD_BYTES)
+    return [json.loads(row.tobytes().rstrip(b"\0")) for row in rows]
+
+
+def measure_speed(
+    group: mx.distributed.Group,
+    shape: ModelShape,
+    activation_bytes: int,
+    hosts: list[RankHost],
+    backend: str,
+) -> Speed:
+    """Every rank's machine and the link, measured now (a collective: all ranks call it)."""
+    if group.size() > 1:  # start together: ranks sharing cores then measure what they share
+        mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
+    machine = probe_machine(shape, activation_bytes)
+    link = probe_link(group, shape, activation_bytes, backend) if group.size() > 1 else None
+    mine: dict[str, Any] = {"machine": machine_record(machine)}
+    if link is not None:
+        mine["link"] = [link.latency_us, link.gb_s]
+    records = _all_records(group, mine)
+    machines = tuple(machine_from_record(r["machine"]) for r in records)
+    if link is None:
+        link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
+    else:  # every rank timed the same all_sums: their mean, the same on every rank
+        latency = sum(r["link"][0] for r in records) / len(records)
+        rate = sum(r["link"][1] for r in records) / len(records)
+        link = Link(link.name, latency, rate, link.topology, link.source)
+    return Speed(machines, link, crowding_of(hosts), rates_shared=True)
+
+
+def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
+    """Each rank's host's ranks over its cores, at least 1."""
+    return tuple(
+        max(1.0, sum(1 for other in hosts if other.host == host.host) / max(1, host.cores))
+        for host in hosts
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="This machine's rates for a model, as JSON.")
+    parser.add_argument("model_dir", type=Path)
+    args = parser.parse_args(argv)
+    from distributed.memory import activation_bytes
+
+    config = json.loads((args.model_dir / "config.json").read_text())
+    shape = ModelShape.from_config(config)
+    machine = probe_machine(shape, activation_bytes(args.model_dir, config))
+    json.dump(machine_record(machine), sys.stdout)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
