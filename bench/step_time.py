@@ -80,6 +80,7 @@ def main() -> None:
     report |= {"delay_us": args.delay_us, "gbps": args.gbps, "cores": os.cpu_count()}
     with started(args, env) as cluster:
         status = cluster.status()
+        report["plan"] = status.plan
         report["strategy"] = status.plan.get("strategy", "single")
         report["note"] = status.plan.get("note", "")
         report["weight_bytes"] = [rank.weight_bytes for rank in status.ranks]

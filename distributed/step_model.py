@@ -56,7 +56,7 @@ class Overhead:
 
 # MLX on a CPU (this project's Linux hosts): the steps of the tests' tiny llama models,
 # whose weights cost next to nothing (bench/step_overhead.py; docs/BENCHMARKS.md).
-CPU_OVERHEAD = Overhead(2.3, 0.21, 0.006, "measured: bench.step_overhead, tiny models, 1 rank")
+CPU_OVERHEAD = Overhead(1.67, 0.28, 0.0077, "measured: bench.step_overhead, tiny models, 1 rank")
 # ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
 # GPU runs the previous ones (async_eval), so graph building mostly overlaps.
 GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
@@ -72,7 +72,9 @@ class Machine:
     cores: int = 1
     rates: tuple[tuple[int, float], ...] = ()
     head_rates: tuple[tuple[int, float], ...] = ()  # the output head's (its own layout)
-    flops_per_ms: float = 0.0
+    flops_per_ms: float = 0.0  # the products' arithmetic at a prefill's rows
+    attention_flops_per_ms: float = 0.0  # attention's arithmetic over a prefill chunk
+    kv_bytes_per_ms: float = 0.0  # KV a decode step's attention reads
     chip: Chip | None = None
     overhead: Overhead = CPU_OVERHEAD
 
@@ -108,15 +110,15 @@ class Machine:
             return ys[-1] * rows / xs[-1]
         return float(np.interp(rows, xs, ys))
 
-    def flops_ms(self, flops: float) -> float:
-        """Milliseconds of attention's arithmetic (scores and weighted values)."""
-        if flops <= 0:
-            return 0.0
+    def attention_ms(self, flops: float, kv_bytes: float) -> float:
+        """Milliseconds of attention: its arithmetic (scores and weighted values) or the
+        KV it reads, whichever takes longer."""
         if self.chip is not None and not self.rates:
-            return flops / (self.chip.gpu_tflops * FLOPS_SHARE * 1e9)
-        if self.flops_per_ms <= 0:
-            return 0.0
-        return flops / self.flops_per_ms
+            arithmetic = flops / (self.chip.gpu_tflops * FLOPS_SHARE * 1e9)
+            return max(arithmetic, kv_bytes / (self.chip.bandwidth_gb_s * BANDWIDTH_SHARE * 1e6))
+        arithmetic = flops / self.attention_flops_per_ms if self.attention_flops_per_ms else 0.0
+        reads = kv_bytes / self.kv_bytes_per_ms if self.kv_bytes_per_ms else 0.0
+        return max(arithmetic, reads)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ def _busiest_touched(work: PlanWork, tokens: int, samples: int = 256) -> list[fl
     total, picks = work.num_experts, work.experts_per_token
     if not total or not any(held):
         return [0.0] * len(held)
+    if sum(held) != total:  # every rank holds a slice of every expert (mlx-lm's shard())
+        return [_touched(h, total, picks, tokens) for h in held]
     if tokens * picks > 4 * total:  # every expert is all but sure to be touched
         most = max(_touched(h, total, picks, tokens) for h in held)
         return [most if h else 0.0 for h in held]
@@ -195,10 +199,10 @@ def _rank_compute(
             rank.expert_params * rank.expert_param_bytes, rank.expert_params, tokens_each
         )
         routed = rank.moe_layers * experts * one
-    kv = machine.weights_ms(batch * context * rank.kv_bytes_per_token, 0.0, 1)
     span = rows / batch  # positions a row computes this forward
     attention = 4 * rank.layers * rank.heads * rank.head_dim * rows * (context + span / 2)
-    return dense + head + routed + kv + machine.flops_ms(attention)
+    kv = batch * (context + span) * rank.kv_bytes_per_token
+    return dense + head + routed + machine.attention_ms(attention, kv)
 
 
 def predict(

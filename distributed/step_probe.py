@@ -37,10 +37,13 @@ from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
 DECODE_ROWS = (1, 2, 4, 8, 16)
 PREFILL_ROWS = 128
 # Weights read per probe run: past a CPU's caches; on a GPU enough to hide the dispatch.
-CPU_PROBE_BYTES = 48 * 2**20
+CPU_PROBE_BYTES = 96 * 2**20
 GPU_PROBE_BYTES = 512 * 2**20
-REPEATS = 7
+REPEATS = 5
+ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
+ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
 LINK_REPEATS = 12
+MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 _RECORD_BYTES = 2048
 
 
@@ -116,22 +119,63 @@ def _median_ms(run: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _slope(full: _Weights, rows: int, part: int) -> float:
+    """Bytes a ms: the difference of a pass through every weight and one through the
+    first `part` (what each evaluation costs whatever its weights, the overhead's, drops
+    out)."""
+    whole = full.ms(rows, REPEATS)
+    some = full.ms(rows, REPEATS, part)
+    partial = sum(_nbytes(w) for w, _ in full.items[:part])
+    return (full.nbytes - partial) / max(whole - some, 1e-3)
+
+
+def _nbytes(w: Any) -> int:
+    return w.nbytes if isinstance(w, mx.array) else sum(p.nbytes for p in w if p is not None)
+
+
+def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
+    """(attention's arithmetic a ms over a prefill chunk, KV bytes a decode step reads a
+    ms), through mx.fast.scaled_dot_product_attention as the ranks run it (the CPU
+    backend's grouped kernel where server.py installed it)."""
+    heads, kv_heads, dim = shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
+    scale = dim**-0.5
+
+    def run(q: mx.array, k: mx.array) -> Any:
+        return lambda: mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=scale))
+
+    q = mx.full((1, heads, ATTENTION_CHUNK, dim), 0.1, dtype=dtype)
+    k = mx.full((1, kv_heads, ATTENTION_CONTEXT, dim), 0.1, dtype=dtype)
+    mx.eval(q, k)
+    flops = 4 * heads * dim * ATTENTION_CHUNK * ATTENTION_CONTEXT
+    prefill = flops / _median_ms(run(q, k), REPEATS)
+    q = mx.full((8, heads, 1, dim), 0.1, dtype=dtype)
+    k = mx.full((8, kv_heads, 4 * ATTENTION_CONTEXT, dim), 0.1, dtype=dtype)
+    mx.eval(q, k)
+    decode = 2 * k.nbytes / _median_ms(run(q, k), REPEATS)
+    return prefill, decode
+
+
 def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> Machine:
-    """This machine's rates for `shape`'s layers and head, as one rank of it sees them."""
+    """This machine's rates for `shape`'s layers, head and attention, as one rank of it
+    sees them now."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     gpu = mx.default_device() == mx.gpu
     budget = GPU_PROBE_BYTES if gpu else CPU_PROBE_BYTES
     layers = _Weights(_layer_shapes(shape), shape, dtype, budget)
-    rates = [(rows, layers.nbytes / layers.ms(rows, REPEATS)) for rows in DECODE_ROWS]
-    # a prefill's many rows: one layer's weights are enough arithmetic to time
+    quarter = max(1, len(layers.items) // 4)
+    rates = [(rows, _slope(layers, rows, quarter)) for rows in DECODE_ROWS]
+    # a prefill's many rows: two layers' weights against one are enough arithmetic to time
     one = len(_layer_shapes(shape))
-    ms = layers.ms(PREFILL_ROWS, REPEATS, one)
-    layer_bytes = layers.nbytes * one // len(layers.items)
-    layer_params = layers.params * one // len(layers.items)
-    rates.append((PREFILL_ROWS, layer_bytes / ms))
+    prefill = _Weights(_layer_shapes(shape), shape, dtype, 1)  # one layer's weights...
+    prefill.items += prefill.items  # ...twice: a pass of one layer and a pass of two
+    prefill.nbytes *= 2
+    rate = _slope(prefill, PREFILL_ROWS, one)
+    rates.append((PREFILL_ROWS, rate))
+    params_per_byte = layers.params / layers.nbytes
     head_rows = max(1, min(shape.vocab_size, budget // (shape.hidden_size * 4)))
-    head = _Weights([(head_rows, shape.hidden_size)], shape, dtype, 1, head=True)
-    head_rates = [(rows, head.nbytes / head.ms(rows, REPEATS)) for rows in DECODE_ROWS]
+    head = _Weights([(head_rows // 4, shape.hidden_size)] * 4, shape, dtype, 1, head=True)
+    head_rates = [(rows, _slope(head, rows, 1)) for rows in DECODE_ROWS]
+    attention_flops, kv_rate = _attention(shape, dtype)
     mx.clear_cache()
     chip = this_chip()
     return Machine(
@@ -140,7 +184,9 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
         cores=_cores(),
         rates=tuple(rates),
         head_rates=tuple(head_rates),
-        flops_per_ms=2 * PREFILL_ROWS * layer_params / ms,
+        flops_per_ms=2 * PREFILL_ROWS * rate * params_per_byte,
+        attention_flops_per_ms=attention_flops,
+        kv_bytes_per_ms=kv_rate,
         chip=_known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
     )
@@ -181,7 +227,7 @@ def probe_link(
     ranks = group.size()
     topology = "mesh" if backend == "jaccl" else "ring"
     hops = ranks - 1 if topology == "ring" else 1
-    per_byte = max(float(slope), 1e-9)
+    per_byte = max(float(slope), MIN_MS_PER_BYTE)  # noise can tilt the fit
     latency_ms = max(float(intercept), min(times) / 2)
     return Link(
         name=f"measured ({backend}, {ranks} ranks)",
@@ -203,6 +249,8 @@ def machine_record(machine: Machine) -> dict[str, Any]:
         "rates": [[rows, round(rate, 3)] for rows, rate in machine.rates],
         "head_rates": [[rows, round(rate, 3)] for rows, rate in machine.head_rates],
         "flops_per_ms": round(machine.flops_per_ms, 1),
+        "attention_flops_per_ms": round(machine.attention_flops_per_ms, 1),
+        "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
         "chip": machine.chip.name if machine.chip else "",
         "gpu": machine.overhead is GPU_OVERHEAD,
     }
@@ -216,6 +264,8 @@ def machine_from_record(record: dict[str, Any]) -> Machine:
         rates=tuple((int(rows), float(rate)) for rows, rate in record["rates"]),
         head_rates=tuple((int(rows), float(rate)) for rows, rate in record.get("head_rates", [])),
         flops_per_ms=float(record["flops_per_ms"]),
+        attention_flops_per_ms=float(record.get("attention_flops_per_ms", 0.0)),
+        kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
         chip=_known_chip(record.get("chip", "")),
         overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
     )
@@ -258,6 +308,27 @@ def measure_speed(
         rate = sum(r["link"][1] for r in records) / len(records)
         link = Link(link.name, latency, rate, link.topology, link.source)
     return Speed(machines, link, crowding_of(hosts), rates_shared=True)
+
+
+def speed_record(speed: Speed) -> dict[str, Any]:
+    """A Speed as JSON (status; bench/step_model.py predicts again from it)."""
+    link = speed.link
+    return {
+        "machines": [machine_record(m) for m in speed.machines],
+        "link": [link.name, link.latency_us, link.gb_s, link.topology],
+        "crowding": list(speed.crowding),
+        "rates_shared": speed.rates_shared,
+    }
+
+
+def speed_from_record(record: dict[str, Any]) -> Speed:
+    name, latency, rate, topology = record["link"]
+    return Speed(
+        tuple(machine_from_record(m) for m in record["machines"]),
+        Link(name, float(latency), float(rate), topology, "recorded"),
+        tuple(record.get("crowding", ())),
+        bool(record.get("rates_shared", False)),
+    )
 
 
 def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:

@@ -123,7 +123,8 @@ def _rank_work(plan: Plan, share: RankShare, activation_bytes: int, kv_per_token
     attention = kv_groups * s.head_group_params
     columns = _span(share.mlp_columns) if not even_shard else s.intermediate_size // world
     shared = _span(share.shared_columns) if not even_shard else s.shared_size // world
-    experts = _span(share.experts) if not even_shard else s.num_experts // world
+    # mlx-lm's shard() splits every expert's columns: each rank holds all experts, thinner
+    experts = _span(share.experts) if not even_shard else s.num_experts
     dense = layers * (attention + s.fixed_layer_params)
     dense += dense_layers * 3 * hidden * columns + moe * 3 * hidden * shared
     vocab_rows = _span(share.vocab) if plan.split_vocab else s.vocab_size
@@ -131,7 +132,7 @@ def _rank_work(plan: Plan, share: RankShare, activation_bytes: int, kv_per_token
     embedding = vocab_rows * hidden if share.embeddings else 0
     if s.tie_word_embeddings and share.head:
         embedding = 0  # the head reads the embedding matrix itself
-    expert = 3 * hidden * s.expert_size
+    expert = 3 * hidden * s.expert_size // (world if even_shard else 1)
     held = dense + head + embedding + moe * experts * expert
     group = s.num_heads // max(1, s.num_kv_heads)
     return RankWork(

@@ -94,9 +94,14 @@ class StepModelStatus(BaseModel):
     predicted_decode_ms: dict[int, float] = Field(default_factory=dict)
     measured_decode_ms: dict[int, float] = Field(default_factory=dict)
     decode_steps: dict[int, int] = Field(default_factory=dict)  # measured, by rows
+    decode_context: dict[int, float] = Field(default_factory=dict)  # median positions a row
     predicted_prefill_tokens_per_s: float = 0.0
     measured_prefill_tokens_per_s: float = 0.0
     prefill_steps: int = 0
+    # what a prediction can be made again from (bench/step_model.py): the measured speed
+    # (every rank's machine record and the link) and the last prefill steps' forwards
+    speed: dict[str, Any] = Field(default_factory=dict)
+    prefill_forwards: list[tuple[list[tuple[int, int]], float]] = Field(default_factory=list)
 
 
 class Status(BaseModel):

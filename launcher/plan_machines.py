@@ -1,9 +1,9 @@
 """The machines and the link `./launch.sh plan` predicts with (distributed/plan_speed.py),
 before any rank runs.
 
-- This machine: measured now, in a child with the ranks' preload and OpenBLAS threads
-  (`python -m launcher.command exec -- -m distributed.step_probe`), once per thread count
-  the rank counts in the table would give each rank.
+- This machine: measured now, in a child with the ranks' preload, OpenBLAS threads and
+  attention kernel (distributed/step_probe.py through `python -m launcher.command exec`),
+  once per thread count the rank counts in the table would give each rank.
 - A worker: its Apple chip (read over SSH by launcher/detect.py) from distributed/chips.py's
   table, else (a Linux worker) taken to be like this machine, as the lines say.
 - Described by hand (`--host CHIP:MEMORY`, repeated, one per rank): the chip's table.
@@ -85,8 +85,12 @@ def described(hosts: list[str], link: str | None) -> Site:
 def probe_here(model_dir: Path, threads: int) -> Machine:
     """This machine's rates for the model, with `threads` OpenBLAS threads as a rank has."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads)}
-    argv = [sys.executable, "-m", "launcher.command", "exec", "--", "-m"]
-    argv += ["distributed.step_probe", str(model_dir)]
+    # as a rank runs it: the CPU backend's attention kernel installed (server.py does so)
+    code = (
+        "from engine import cpu_attention; cpu_attention.install(); "
+        f"from distributed.step_probe import main; raise SystemExit(main([{str(model_dir)!r}]))"
+    )
+    argv = [sys.executable, "-m", "launcher.command", "exec", "--", "-c", code]
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"measuring this machine failed: {done.stderr.strip()[-500:]}")

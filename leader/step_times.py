@@ -15,6 +15,7 @@ import statistics
 from collections import deque
 
 from distributed.step_model import ClusterModel, describe_speed
+from distributed.step_probe import speed_record
 from ipc.status import StepModelStatus
 
 WINDOW = 64  # steps of each row count kept
@@ -27,7 +28,8 @@ class StepTimes:
 
     def __init__(self, model: ClusterModel) -> None:
         self.model = model
-        self.decode: dict[int, deque[tuple[float, float]]] = {}
+        self.decode: dict[int, deque[tuple[float, float, float]]] = {}
+        self.prefills: deque[tuple[list[tuple[int, int]], float]] = deque(maxlen=8)
         self.prefill_tokens = 0
         self.prefill_ms = 0.0
         self.prefill_predicted_ms = 0.0
@@ -38,7 +40,7 @@ class StepTimes:
         cached a request on average, that took `ms` (plan to flush)."""
         predicted = self.model.decode_ms(rows, width, context)
         key = rows * width
-        self.decode.setdefault(key, deque(maxlen=WINDOW)).append((ms, predicted))
+        self.decode.setdefault(key, deque(maxlen=WINDOW)).append((ms, predicted, context))
 
     def prefilled(self, pieces: list[tuple[int, int]], ms: float) -> None:
         """A step that only prefilled: forwards of (context, tokens), `ms` in all."""
@@ -51,10 +53,12 @@ class StepTimes:
             self.model.prefill_ms(count, context) for context, count in pieces if count
         )
         self.prefill_steps += 1
+        self.prefills.append((list(pieces), ms))
 
     def status(self) -> StepModelStatus:
-        measured = {r: statistics.median(m for m, _ in s) for r, s in self.decode.items()}
-        predicted = {r: statistics.median(p for _, p in s) for r, s in self.decode.items()}
+        measured = {r: statistics.median(m for m, _, _ in s) for r, s in self.decode.items()}
+        predicted = {r: statistics.median(p for _, p, _ in s) for r, s in self.decode.items()}
+        context = {r: statistics.median(c for _, _, c in s) for r, s in self.decode.items()}
         for rows in SHOWN_ROWS:
             predicted.setdefault(rows, self.model.decode_ms(rows))
         line = describe_speed(self.model.speed).removeprefix("step-time model: ")
@@ -64,6 +68,9 @@ class StepTimes:
             predicted_decode_ms={r: round(ms, 2) for r, ms in sorted(predicted.items())},
             measured_decode_ms={r: round(ms, 2) for r, ms in sorted(measured.items())},
             decode_steps={r: len(s) for r, s in sorted(self.decode.items())},
+            decode_context=context,
+            speed=speed_record(self.model.speed),
+            prefill_forwards=list(self.prefills),
             predicted_prefill_tokens_per_s=_rate(self.prefill_tokens, self.prefill_predicted_ms),
             measured_prefill_tokens_per_s=_rate(self.prefill_tokens, self.prefill_ms),
             prefill_steps=self.prefill_steps,
