@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     env = {"MAX_BATCH_SIZE": str(max(args.batch)), "SPECULATIVE": "off", "KEEP_WARM_SECONDS": "0"}
     env |= dict(item.split("=", 1) for item in args.env)
-    report: dict[str, Any] = {"ranks": args.ranks, "model": args.model or "default", "env": env}
+    report: dict[str, Any] = {"ranks": args.ranks, "model_dir": args.model or "default", "env": env}
     report |= {"delay_us": args.delay_us, "gbps": args.gbps, "cores": os.cpu_count()}
     with started(args, env) as cluster:
         status = cluster.status()

@@ -80,8 +80,17 @@ def draft_dir(settings: Settings) -> Path | None:
 
 
 def check(
-    settings: Settings, model_dir: Path, described: list[str] | None = None, link: str | None = None
+    settings: Settings,
+    model_dir: Path,
+    described: list[str] | None = None,
+    link: str | None = None,
+    speed: bool = True,
 ) -> int:
+    """Print the plan, its memory and (`speed`) every split's predicted speed; the exit
+    status (2: refused or does not fit)."""
+    if not speed:  # `start`'s glance at the plan: memory only, no probe
+        draft = draft_dir(settings)
+        return _memory(settings, model_dir, plan_hosts(settings), draft, settings.parallelism)
     try:
         draft = draft_dir(settings)
         if described:
@@ -173,9 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--link", help="a link name (jaccl, ring-thunderbolt, ring-local) or US:GB_S"
     )
+    parser.add_argument(
+        "--memory-only", action="store_true", help="the plan and its memory, no speeds (start)"
+    )
     args = parser.parse_args(argv)
     return run_with_settings(
-        lambda settings: check(settings, args.model_dir, args.host, args.link), HostfileError
+        lambda settings: check(
+            settings, args.model_dir, args.host, args.link, speed=not args.memory_only
+        ),
+        HostfileError,
     )
 
 

@@ -62,6 +62,7 @@ class StepTimes:
         for rows in SHOWN_ROWS:
             predicted.setdefault(rows, self.model.decode_ms(rows))
         line = describe_speed(self.model.speed).removeprefix("step-time model: ")
+        work = self.model.work
         return StepModelStatus(
             machines=line.split("; ")[:-1],
             link=line.split("; ")[-1],
@@ -69,7 +70,12 @@ class StepTimes:
             measured_decode_ms={r: round(ms, 2) for r, ms in sorted(measured.items())},
             decode_steps={r: len(s) for r, s in sorted(self.decode.items())},
             decode_context=context,
-            speed=speed_record(self.model.speed),
+            speed=speed_record(self.model.speed)
+            | {
+                "activation_bytes": work.activation_bytes,
+                "weight_bytes": [r.weight_bytes for r in work.ranks],
+                "kv_bytes_per_token": [r.kv_bytes_per_token for r in work.ranks],
+            },
             prefill_forwards=list(self.prefills),
             predicted_prefill_tokens_per_s=_rate(self.prefill_tokens, self.prefill_predicted_ms),
             measured_prefill_tokens_per_s=_rate(self.prefill_tokens, self.prefill_ms),
