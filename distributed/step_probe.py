@@ -33,12 +33,14 @@ from distributed.chips import Chip, Link, chip_named, this_chip
 from distributed.hosts import RankHost, local_memory_bytes
 from distributed.model_shape import ModelShape
 from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
+from distributed.step_work import bytes_per_param
 
 DECODE_ROWS = (1, 2, 4, 8, 16)
 PREFILL_ROWS = 128
 # Weights read per probe run: past a CPU's caches; on a GPU enough to hide the dispatch.
 CPU_PROBE_BYTES = 96 * 2**20
 GPU_PROBE_BYTES = 512 * 2**20
+MIN_PROBE_BYTES = 2 * 2**20
 REPEATS = 5
 ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
 ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
@@ -155,13 +157,24 @@ def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
     return prefill, decode
 
 
+def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
+    """Bytes a probe pass reads: the device's budget, or less for a model smaller than it
+    (whose steps never read more: the tests' tiny models probe in milliseconds)."""
+    budget = GPU_PROBE_BYTES if mx.default_device() == mx.gpu else CPU_PROBE_BYTES
+    per_param = bytes_per_param(shape, activation_bytes)
+    layer = sum(rows * columns for rows, columns in _layer_shapes(shape))
+    model = (layer * shape.num_layers + shape.vocab_size * shape.hidden_size) * per_param
+    return int(max(MIN_PROBE_BYTES, min(budget, model)))
+
+
 def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> Machine:
     """This machine's rates for `shape`'s layers, head and attention, as one rank of it
     sees them now."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     gpu = mx.default_device() == mx.gpu
-    budget = GPU_PROBE_BYTES if gpu else CPU_PROBE_BYTES
+    budget = probe_budget(shape, activation_bytes)
     layers = _Weights(_layer_shapes(shape), shape, dtype, budget)
+    layers.ms(1, 1)  # the first pass after the allocation pays the kernel's page work
     quarter = max(1, len(layers.items) // 4)
     rates = [(rows, _slope(layers, rows, quarter)) for rows in DECODE_ROWS]
     # a prefill's many rows: two layers' weights against one are enough arithmetic to time

@@ -102,3 +102,15 @@ def test_a_larger_slowdown_gives_larger_chunks():
     budget.slowdown = 3.0
     large = prefill_beside_answers(budget, 10000, 2000)
     assert len(large) < len(small)
+
+
+def test_the_step_time_models_prior_predicts_before_any_prefill_is_measured():
+    # the prior in ms (a forward, a cached position, a token, a token x cached position)
+    budget = PrefillBudget(alone=2048, slowdown=2.0, prior=(F, 0.0, A, B))
+    for pieces in ([(0, 500)], [(20000, 64)]):
+        assert budget.predict(pieces) == pytest.approx(true_ms(pieces), rel=1e-6)
+    # measured steps of a machine twice as slow move the fit away from the prior
+    for context in range(0, 30000, 1500):
+        for chunk in (16, 200, 1000):
+            budget.observe(0, [(context, chunk)], 2 * true_ms([(context, chunk)]))
+    assert budget.predict([(8000, 300)]) == pytest.approx(2 * true_ms([(8000, 300)]), rel=0.1)
