@@ -148,12 +148,19 @@ def load_for_rank(
         shape = ModelShape.from_config(config)
         activation = activation_bytes(model_dir, config)
         started = time.perf_counter()
+        # before the load, for PARALLELISM=auto's choice; once more after it, for the
+        # figures that last: the first can overlap a launcher still spinning on its ranks'
+        # stdin (launch.sh quiets it when rank 0's socket appears), which took 40% off the
+        # rate of one row's products in a probe at that moment (docs/BENCHMARKS.md)
         speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
         log.info("%s (%.2f s)", describe_speed(speed), time.perf_counter() - started)
         plan = choose_plan(config, weights, settings.parallelism, hosts, speed, activation)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
     model = load_rank_model(model_dir, group, plan, progress)
+    started = time.perf_counter()
+    speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
+    log.info("%s, after the load (%.2f s)", describe_speed(speed), time.perf_counter() - started)
     model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
         model_id=model_id,
