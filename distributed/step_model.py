@@ -75,6 +75,7 @@ class Machine:
     flops_per_ms: float = 0.0  # the products' arithmetic at a prefill's rows
     attention_flops_per_ms: float = 0.0  # attention's arithmetic over a prefill chunk
     kv_bytes_per_ms: float = 0.0  # KV a decode step's attention reads
+    expert_flops_per_ms: float = 0.0  # routed experts' products over a prefill's tokens
     chip: Chip | None = None
     overhead: Overhead = CPU_OVERHEAD
 
@@ -198,6 +199,8 @@ def _rank_compute(
         one = machine.weights_ms(
             rank.expert_params * rank.expert_param_bytes, rank.expert_params, tokens_each
         )
+        if machine.expert_flops_per_ms and machine.rates:  # a prefill: gather_mm's arithmetic
+            one = max(one, 2 * rank.expert_params * tokens_each / machine.expert_flops_per_ms)
         routed = rank.moe_layers * experts * one
     span = rows / batch  # positions a row computes this forward
     attention = 4 * rank.layers * rank.heads * rank.head_dim * rows * (context + span / 2)

@@ -157,6 +157,27 @@ def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
     return prefill, decode
 
 
+def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
+    """Arithmetic a ms of routed experts' products over a prefill's tokens, as MLX runs
+    them (gather_mm over tokens sorted by expert, as mlx-lm's SwitchGLU does); 0 without
+    experts."""
+    if not shape.num_experts or not shape.expert_size:
+        return 0.0
+    hidden, columns = shape.hidden_size, shape.expert_size
+    count = int(max(1, min(shape.num_experts, budget // (4 * hidden * columns))))
+    pairs = PREFILL_ROWS * max(1, shape.experts_per_token) * count // shape.num_experts
+    pairs = max(count, pairs - pairs % count)
+    w = mx.full((count, hidden, columns), 0.01, dtype=dtype)
+    x = mx.full((pairs, 1, hidden), 0.5, dtype=dtype)
+    index = mx.repeat(mx.arange(count, dtype=mx.uint32), pairs // count)
+    mx.eval(w, x, index)
+
+    def run() -> None:
+        mx.eval(mx.gather_mm(x, w, rhs_indices=index, sorted_indices=True))
+
+    return 2 * pairs * hidden * columns / _median_ms(run, REPEATS)
+
+
 def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     """Bytes a probe pass reads: the device's budget, or less for a model smaller than it
     (whose steps never read more: the tests' tiny models probe in milliseconds)."""
@@ -189,6 +210,7 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     head = _Weights([(head_rows // 4, shape.hidden_size)] * 4, shape, dtype, 1, head=True)
     head_rates = [(rows, _slope(head, rows, 1)) for rows in DECODE_ROWS]
     attention_flops, kv_rate = _attention(shape, dtype)
+    experts = _experts(shape, dtype, budget)
     mx.clear_cache()
     chip = this_chip()
     return Machine(
@@ -200,6 +222,7 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
         flops_per_ms=2 * PREFILL_ROWS * rate * params_per_byte,
         attention_flops_per_ms=attention_flops,
         kv_bytes_per_ms=kv_rate,
+        expert_flops_per_ms=experts,
         chip=_known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
     )
@@ -264,6 +287,7 @@ def machine_record(machine: Machine) -> dict[str, Any]:
         "flops_per_ms": round(machine.flops_per_ms, 1),
         "attention_flops_per_ms": round(machine.attention_flops_per_ms, 1),
         "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
+        "expert_flops_per_ms": round(machine.expert_flops_per_ms, 1),
         "chip": machine.chip.name if machine.chip else "",
         "gpu": machine.overhead is GPU_OVERHEAD,
     }
@@ -279,6 +303,7 @@ def machine_from_record(record: dict[str, Any]) -> Machine:
         flops_per_ms=float(record["flops_per_ms"]),
         attention_flops_per_ms=float(record.get("attention_flops_per_ms", 0.0)),
         kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
+        expert_flops_per_ms=float(record.get("expert_flops_per_ms", 0.0)),
         chip=_known_chip(record.get("chip", "")),
         overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
     )
@@ -359,6 +384,9 @@ def _per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mac
             ]
         for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
             merged[key] = statistics.median(m[key] for m in mine)
+        merged["expert_flops_per_ms"] = statistics.median(
+            m.get("expert_flops_per_ms", 0.0) for m in mine
+        )
         out.append(machine_from_record(merged))
     return tuple(out)
 
