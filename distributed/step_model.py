@@ -54,9 +54,12 @@ class Overhead:
         return self.step_ms + layers * (self.layer_ms + rows * self.row_layer_ms)
 
 
-# MLX on a CPU (this project's Linux hosts): the steps of the tests' tiny llama models,
-# whose weights cost next to nothing (bench/step_overhead.py; docs/BENCHMARKS.md).
-CPU_OVERHEAD = Overhead(1.67, 0.28, 0.0077, "measured: bench.step_overhead, tiny models, 1 rank")
+# MLX on a CPU (this project's Linux hosts), bench/step_overhead.py: the fixed part from
+# the steps of tiny models whose weights cost nothing (0.475 ms a step, 0.266 ms a layer);
+# a full-size layer's extra (the kernel's helper threads wake for each product between a
+# layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
+# 0.0433 ms) from the default model's steps on one rank, less the probe's weights.
+CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
 # ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
 # GPU runs the previous ones (async_eval), so graph building mostly overlaps.
 GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
