@@ -128,7 +128,10 @@ def _slope(full: _Weights, rows: int, part: int) -> float:
     whole = full.ms(rows, REPEATS)
     some = full.ms(rows, REPEATS, part)
     partial = sum(_nbytes(w) for w, _ in full.items[:part])
-    return (full.nbytes - partial) / max(whole - some, 1e-3)
+    share = (full.nbytes - partial) / full.nbytes
+    if whole - some < share * whole / 2:  # ranks taking turns on cores upset one pass
+        return full.nbytes / whole
+    return (full.nbytes - partial) / (whole - some)
 
 
 def _nbytes(w: Any) -> int:
@@ -200,9 +203,8 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     rates = [(rows, _slope(layers, rows, quarter)) for rows in DECODE_ROWS]
     # a prefill's many rows: two layers' weights against one are enough arithmetic to time
     one = len(_layer_shapes(shape))
-    prefill = _Weights(_layer_shapes(shape), shape, dtype, 1)  # one layer's weights...
-    prefill.items += prefill.items  # ...twice: a pass of one layer and a pass of two
-    prefill.nbytes *= 2
+    two = sum(rows * columns for rows, columns in _layer_shapes(shape)) * 4 + 1
+    prefill = _Weights(_layer_shapes(shape), shape, dtype, two)  # two layers' weights
     rate = _slope(prefill, PREFILL_ROWS, one)
     rates.append((PREFILL_ROWS, rate))
     params_per_byte = layers.params / layers.nbytes

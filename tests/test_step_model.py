@@ -191,3 +191,25 @@ def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
     best, why = choose([o for o in options if o.ranks == 2])
     assert best.decode_tokens_per_s(1) == max(o.decode_tokens_per_s(1) for o in options[:-1])
     assert measure_split(best.plan, small, Speed((machine,) * 2, LINK), SMOL, 4).steps[8].ms > 0
+
+
+def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
+    from distributed.step_probe import _per_host, machine_record
+
+    def record(rate: float) -> dict:
+        return {"machine": machine_record(flat(rate))}
+
+    hosts = [RankHost(host=h, cores=2, memory_bytes=2**34) for h in ("a", "a", "a", "b")]
+    machines = _per_host([record(5e6), record(17e6), record(11e6), record(3e6)], hosts)
+    assert [dict(m.rates)[1] for m in machines] == [11e6, 11e6, 11e6, 3e6]
+
+
+def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:
+    moe = write_config("qwen3_moe")
+    work = plan_work(make_plan(moe, 1, None), 4)
+    plain = flat(1e7)
+    slow = Machine("m", 2**34, 2, rates=plain.rates, expert_flops_per_ms=1e7, overhead=FREE)
+    decode = [predict(work, Speed((m,), LINK), 1).ms for m in (plain, slow)]
+    prefill = [predict(work, Speed((m,), LINK), 1, prefill=512).ms for m in (plain, slow)]
+    assert decode[1] == pytest.approx(decode[0], rel=0.05)  # a token's few experts: bytes
+    assert prefill[1] > 2 * prefill[0]  # many tokens an expert: gather_mm's arithmetic
