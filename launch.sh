@@ -96,7 +96,7 @@ write_hosts() {
 show_plan() { # local mode: the split the ranks will choose and its memory, before they load
     remote_mode && return 0
     local out
-    out="$("$PY" -m launcher.plan_check "$MODEL_DIR" 2>&1)"
+    out="$("$PY" -m launcher.plan_check --memory-only "$MODEL_DIR" 2>&1)"
     printf '%s\n' "$out" | grep -v '^refused: ' | sed 's/^ *//; s/^/    /'
     printf '%s\n' "$out" | grep -q '^refused: .* short by ' &&
         warn "$(printf '%s\n' "$out" | sed -n 's/^refused: //p')"
@@ -302,7 +302,7 @@ cmd_plan() { # the split and each rank's memory for MODEL and the hosts; loads n
     model_dir="$("$PY" -m acquisition.source 2> >(sed 's/^/    /' >&2) | tail -n 1)"
     [[ -n "$model_dir" ]] || { fail "could not resolve MODEL (see the lines above)"; exit 1; }
     step "Plan ($(remote_mode && echo "this host + WORKER_HOSTS" || echo "$(cfg NUM_DEVICES) local ranks"))"
-    "$PY" -m launcher.plan_check "$model_dir"
+    "$PY" -m launcher.plan_check "$model_dir" "$@"
 }
 
 usage() {
@@ -327,7 +327,10 @@ Usage: ./launch.sh COMMAND
             systemd unit on Linux)
   detect    check the worker hosts over SSH (Python, mlx, mlx-lm, free memory)
   plan      the split of MODEL over the ranks and each rank's predicted weight and KV
-            memory against its machine, before anything loads (exit 2: does not fit)
+            memory against its machine, before anything loads (exit 2: does not fit),
+            then every split's predicted decode, prefill and context, best first;
+            --host CHIP:MEMORY (once per rank) plans for Macs described by hand,
+            --link jaccl|ring-thunderbolt|ring-local|US:GB_S names the link
   help      this text
 
 Settings come from .env (see .env.example); environment variables override it:
@@ -346,7 +349,7 @@ main() {
     test) recorded_settings && cmd_test "$@" ;;
     logs) cmd_logs ;;
     detect) recorded_settings && cmd_detect ;;
-    plan) recorded_settings && cmd_plan ;;
+    plan) recorded_settings && cmd_plan "$@" ;;
     service) cmd_service "$@" ;;
     help | -h | --help) usage ;;
     *)

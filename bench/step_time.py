@@ -1,10 +1,18 @@
-"""Measure the step loop: decode step time per batch size, collective share, idle CPU.
+"""Measure a cluster's steps beside its own step-time model: decode at 1 and 8 clients,
+prefill, and one client's tokens a second.
 
-    LD_PRELOAD=.../libopenblas.so.0 .venv/bin/python -m bench.step_time --ranks 2 \
-        --model /path/to/mlx_dir --batch 1 8 [--env IMPORT_DTYPE=float32]
+    eval "$(.venv/bin/python -m launcher.command blas-env)"
+    flock /tmp/mlxring-cpu.lock .venv/bin/python -m bench.step_time --ranks 2 \
+        [--model DIR] [--batch 1 8] [--env PARALLELISM=pipeline SPECULATIVE=auto] \
+        [--netns --delay-us 150 --gbps 10]
 
-Starts a local cluster (launcher.local_cluster) with LOG_LEVEL=DEBUG, sends B identical
-greedy requests at once for each batch size, and reads rank 0's per-step debug lines.
+Starts the cluster (local ranks, or with `--netns` ranks 1.. in network namespaces behind a
+delayed link: bench/netns_cluster.py), sends B identical greedy requests at once for each
+batch size, then one prompt of `--prompt-tokens` alone, and reads rank 0's status: the
+median decode step of each row count, measured and as the model predicted it for the same
+steps (distributed/step_model.py, from the rates and link the ranks measured at start),
+and the prefill tokens a second both ways. Prints one JSON report; bench/step_model.py
+turns reports into docs/BENCHMARKS.md's table.
 """
 
 from __future__ import annotations
@@ -12,39 +20,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from bench.idle_cost import CpuWindow
 from ipc.protocol import Done, SamplingParams, Submit
 from launcher.local_cluster import Cluster
 
-STEP = re.compile(
-    r"step (\d+): decode (\d+), prefill (\d+) tokens; total ([\d.]+) ms = plan\+broadcast "
-    r"([\d.]+) \(all_sum ([\d.]+)\) \+ build ([\d.]+) \+ stream ([\d.]+) \+ wait ([\d.]+) "
-    r"\(all_sum ([\d.]+) in (\d+)\) \+ take ([\d.]+)"
-)
-WOKE = re.compile(r"woke the workers at ([\d.]+)")
-WOKEN = re.compile(r"(r\d+) DEBUG woken at ([\d.]+)")
+PROMPT = "Once upon a time"
+REPEATING = "one two three four five six seven eight nine ten " * 6  # prompt lookup proposes
 
 
-def idle_cpu(cluster: Cluster, seconds: float) -> dict[str, float]:
-    """% of one core used by each rank and by mlx.launch while idle (the cluster leads its
-    own process group)."""
-    window = CpuWindow([cluster.process.pid])
-    time.sleep(seconds)
-    return {name: round(share * 100, 2) for name, share in window.shares().by_process.items()}
-
-
-def run_batch(cluster: Cluster, batch: int, max_tokens: int) -> None:
-    with cluster.client(timeout=600) as client:
+def run_batch(cluster: Cluster, batch: int, max_tokens: int, prompt: str = PROMPT) -> list[Done]:
+    """`batch` greedy requests sent at once; their Done messages."""
+    done: list[Done] = []
+    with cluster.client(timeout=900) as client:
         for i in range(batch):
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-            client.send(Submit(id=f"b{batch}-{i}", prompt="Once upon a time", params=params))
-        done = 0
-        while done < batch:
-            done += isinstance(client.recv(), Done)
+            client.send(
+                Submit(id=f"b{batch}-{i}-{time.monotonic_ns()}", prompt=prompt, params=params)
+            )
+        while len(done) < batch:
+            message = client.recv()
+            if isinstance(message, Done):
+                done.append(message)
+    return done
+
+
+@contextmanager
+def started(args: argparse.Namespace, env: dict[str, str]) -> Iterator[Cluster]:
+    if args.netns:
+        from bench.netns_cluster import NetnsCluster
+
+        with NetnsCluster(
+            args.model, args.ranks, env, delay_us=args.delay_us, gbps=args.gbps
+        ) as cluster:
+            yield cluster
+    else:
+        with Cluster(args.model, ranks=args.ranks, env=env, ready_timeout=900) as cluster:
+            yield cluster
 
 
 def main() -> None:
@@ -52,63 +67,60 @@ def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--prompt-tokens", type=int, default=1000, help="the prefill's prompt")
     parser.add_argument("--env", nargs="*", default=[])
-    parser.add_argument(
-        "--profile-collectives",
-        action="store_true",
-        help="time each in-forward all_sum (adds sync points; separate run from step times)",
-    )
+    parser.add_argument("--netns", action="store_true", help="ranks 1.. in namespaces")
+    parser.add_argument("--delay-us", type=float, default=0.0, help="one-way, each link")
+    parser.add_argument("--gbps", type=float, default=0.0, help="bandwidth cap (0: none)")
     args = parser.parse_args()
-    env = {"LOG_LEVEL": "DEBUG", "MAX_BATCH_SIZE": str(max(args.batch))}
-    if args.profile_collectives:
-        env["RING_PROFILE_COLLECTIVES"] = "1"
+    env = {"MAX_BATCH_SIZE": str(max(args.batch)), "SPECULATIVE": "off", "KEEP_WARM_SECONDS": "0"}
     env |= dict(item.split("=", 1) for item in args.env)
-    report: dict = {"ranks": args.ranks, "model": args.model or "default"}
-    with Cluster(args.model, ranks=args.ranks, env=env, ready_timeout=600) as cluster:
-        # OpenBLAS's own default is a thread per core
-        report["cores"] = os.cpu_count() or 1
-        report["threads"] = int(cluster.environment().get("OPENBLAS_NUM_THREADS", report["cores"]))
-        time.sleep(1.0)
+    report: dict[str, Any] = {"ranks": args.ranks, "model_dir": args.model or "default", "env": env}
+    report |= {"delay_us": args.delay_us, "gbps": args.gbps, "cores": os.cpu_count()}
+    with started(args, env) as cluster:
         status = cluster.status()
+        report["plan"] = status.plan
         report["strategy"] = status.plan.get("strategy", "single")
+        report["note"] = status.plan.get("note", "")
         report["weight_bytes"] = [rank.weight_bytes for rank in status.ranks]
-        report["idle_cpu_percent"] = idle_cpu(cluster, args.idle_seconds)
+        run_batch(cluster, 1, 8)  # compile the shapes first
         for batch in args.batch:
-            mark = len(cluster.log_path.read_text())
             run_batch(cluster, batch, args.max_tokens)
-            time.sleep(0.5)
-            log = cluster.log_path.read_text()[mark:]
-            steps = [m for m in STEP.finditer(log) if int(m[2]) == batch and int(m[3]) == 0]
-            if not steps:
-                continue
-
-            def median(i: int, rows=steps) -> float:
-                return round(statistics.median(float(m[i]) for m in rows), 3)
-
-            report[f"batch_{batch}"] = {
-                "decode_steps": len(steps),
-                "step_ms": median(4),
-                "plan_broadcast_ms": median(5),
-                "broadcast_all_sum_ms": median(6),
-                "graph_build_ms": median(7),  # forward and sampling ops, Python
-                "stream_ms": median(8),  # the last step's text, overlapping the compute
-                "wait_ms": median(9),  # the rest of the compute after that
-                "forward_all_sum_ms": median(10),
-                "forward_all_sums": int(median(11)),
-                "take_ms": median(12),  # the sampled tokens to Python, EOS and limits
+        text = " ".join(f"word{i % 97}" for i in range(args.prompt_tokens // 2))
+        run_batch(cluster, 1, 1, prompt=text)
+        model = cluster.status().step_model
+        report["model"] = model.model_dump(mode="json")
+        report["one_client"] = _one_client(cluster, args.max_tokens)
+        report["decode"] = {
+            str(b): {
+                "predicted_ms": model.predicted_decode_ms.get(b),
+                "measured_ms": model.measured_decode_ms.get(b),
+                "steps": model.decode_steps.get(b, 0),
             }
-        log = cluster.log_path.read_text()
-    woke = sorted(float(m[1]) for m in WOKE.finditer(log))
-    latencies = []
-    for match in WOKEN.finditer(log):
-        earlier = [t for t in woke if t <= float(match[2])]
-        if earlier:
-            latencies.append((float(match[2]) - earlier[-1]) * 1e3)
-    if latencies:
-        report["wake_latency_ms"] = {"max": round(max(latencies), 3), "count": len(latencies)}
+            for b in args.batch
+        }
+        report["prefill"] = {
+            "predicted_tokens_per_s": model.predicted_prefill_tokens_per_s,
+            "measured_tokens_per_s": model.measured_prefill_tokens_per_s,
+            "steps": model.prefill_steps,
+        }
+    if args.netns:
+        report["relay"] = cluster.relay_report()  # type: ignore[attr-defined]
     print(json.dumps(report, indent=2))
+
+
+def _one_client(cluster: Cluster, max_tokens: int) -> dict[str, Any]:
+    """One client's tokens a second on a prompt that prompt lookup can continue, under the
+    cluster's SPECULATIVE (off unless `--env SPECULATIVE=auto`)."""
+    done = run_batch(cluster, 1, max_tokens, prompt=REPEATING)[0]
+    timings = done.timings
+    return {
+        "tokens_per_s": round(timings.generation_tokens_per_second, 2),
+        "proposed": timings.proposed_tokens,
+        "accepted": timings.accepted_tokens,
+        "steps": timings.decode_steps,
+    }
 
 
 if __name__ == "__main__":

@@ -20,12 +20,16 @@ from acquisition.source import ModelSourceError, resolve_model, served_names
 from config.settings import Settings
 from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
+from distributed.memory import activation_bytes
 from distributed.model_shape import ModelShape, PlanError
 from distributed.pipeline import MlxLmPipeline, PipelineStage
-from distributed.plan import Plan, make_plan, resolve_weights
+from distributed.plan import Plan, resolve_weights
+from distributed.plan_speed import choose_plan
 from distributed.plan_text import describe
 from distributed.rank_share import ShareMismatch, load_share, share_key
 from distributed.splitting import Progress, materialize, split_model, weight_bytes
+from distributed.step_model import Speed, describe_speed
+from distributed.step_probe import measure_speed
 from distributed.watchdog import EvalGuard
 
 log = logging.getLogger("ring.plan")
@@ -47,6 +51,8 @@ class ModelInfo:
     rank: int
     weight_bytes: int
     hosts: list[RankHost]
+    speed: Speed  # every rank's machine and the link, measured at start (step_probe.py)
+    activation_bytes: int  # of the hidden state and the KV cache
 
     @property
     def host(self) -> RankHost:
@@ -133,7 +139,16 @@ def load_for_rank(
     try:
         hosts = gather_hosts(group)
         weights = resolve_weights(settings.rank_weights, hosts)
-        plan = make_plan(config, group.size(), weights, settings.parallelism, hosts)
+        shape = ModelShape.from_config(config)
+        activation = activation_bytes(model_dir, config)
+        started = time.perf_counter()
+        # before the load, for PARALLELISM=auto's choice; once more after it, for the
+        # figures that last: the first can overlap a launcher still spinning on its ranks'
+        # stdin (launch.sh quiets it when rank 0's socket appears), which took 40% off the
+        # rate of one row's products in a probe at that moment (docs/BENCHMARKS.md)
+        speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
+        log.info("%s (%.2f s)", describe_speed(speed), time.perf_counter() - started)
+        plan = choose_plan(config, weights, settings.parallelism, hosts, speed, activation)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
     share_of = None
@@ -147,6 +162,9 @@ def load_for_rank(
         model = load_rank_model(model_dir, group, plan, progress, share_of)
     except ShareMismatch as exc:
         raise ModelLoadError(f"rank {group.rank()} cannot load {model_dir}: {exc}") from None
+    started = time.perf_counter()
+    speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
+    log.info("%s, after the load (%.2f s)", describe_speed(speed), time.perf_counter() - started)
     model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
         model_id=model_id,
@@ -157,5 +175,7 @@ def load_for_rank(
         rank=group.rank(),
         weight_bytes=weight_bytes(model),
         hosts=hosts,
+        speed=speed,
+        activation_bytes=activation,
     )
     return model, info

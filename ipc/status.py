@@ -87,6 +87,27 @@ class SpeculationStats(BaseModel):
     draft_accepted_tokens: int = 0
 
 
+class StepModelStatus(BaseModel):
+    """The step-time model's predictions for the running plan (distributed/step_model.py)
+    beside rank 0's measured steps: medians of the last steps of each row count (decode
+    steps without prefill; rows = requests x positions a row), each step predicted with its
+    own context; prefill as tokens a second over the prefill-only steps of long prompts."""
+
+    machines: list[str] = Field(default_factory=list)
+    link: str = ""
+    predicted_decode_ms: dict[int, float] = Field(default_factory=dict)
+    measured_decode_ms: dict[int, float] = Field(default_factory=dict)
+    decode_steps: dict[int, int] = Field(default_factory=dict)  # measured, by rows
+    decode_context: dict[int, float] = Field(default_factory=dict)  # median positions a row
+    predicted_prefill_tokens_per_s: float = 0.0
+    measured_prefill_tokens_per_s: float = 0.0
+    prefill_steps: int = 0
+    # what a prediction can be made again from (bench/step_model.py): the measured speed
+    # (every rank's machine record and the link) and the last prefill steps' forwards
+    speed: dict[str, Any] = Field(default_factory=dict)
+    prefill_forwards: list[tuple[list[tuple[int, int]], float]] = Field(default_factory=list)
+
+
 class Status(BaseModel):
     """Rank 0's view of the cluster, for /health, /model/info and /cluster/status."""
 
@@ -111,6 +132,7 @@ class Status(BaseModel):
     loading: list[LoadProgress] = Field(default_factory=list)  # per rank, while loading
     prefix_cache: PrefixCacheStats = Field(default_factory=PrefixCacheStats)
     speculation: SpeculationStats = Field(default_factory=SpeculationStats)
+    step_model: StepModelStatus = Field(default_factory=StepModelStatus)
     max_sequence_length: int = 0
     uptime_s: float = 0.0
     warm_up: str = ""  # what the warm-up before ready ran, and its time (empty: none ran)

@@ -58,12 +58,23 @@ def rank_memory():  # what a rank there will plan with (distributed.hosts.local_
     except Exception:
         return None
 
+def chip():  # the Apple chip, for the step-time model (distributed/chips.py)
+    if platform.system() != "Darwin":
+        return None
+    try:
+        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        return out.removeprefix("Apple ").strip() or None
+    except Exception:
+        return None
+
 free, total = free_bytes()
 print(json.dumps({"python": platform.python_version(), "system": platform.system(),
                   "machine": platform.machine(), "mlx": version("mlx"),
                   "mlx_lm": version("mlx-lm"), "free_bytes": free, "total_bytes": total,
                   "venv": sys.prefix != sys.base_prefix, "cores": os.cpu_count(),
-                  "rank_memory_bytes": rank_memory(), "hostname": socket.gethostname()[:64]}))
+                  "rank_memory_bytes": rank_memory(), "hostname": socket.gethostname()[:64],
+                  "chip": chip()}))
 """
 
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
@@ -82,6 +93,7 @@ class HostFacts(BaseModel):
     cores: int | None = None
     rank_memory_bytes: int | None = None  # mlx's view (Metal working set), when mlx is there
     hostname: str = ""  # as its rank names itself (distributed/hosts.py)
+    chip: str | None = None  # an Apple chip's name ("M2 Ultra"), for the plan's speeds
 
 
 def local_facts() -> HostFacts:

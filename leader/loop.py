@@ -25,9 +25,10 @@ from engine.cpu_attention import on_cpu_backend
 from engine.step_plan import StepPlan, step_width
 from ipc.events import Cancelled, Closed, Event, ShutdownAsked, Submitted
 from ipc.server import SocketServer
-from ipc.status import Counters, RankState, RankStatus, Status
+from ipc.status import Counters, RankState, RankStatus, Status, StepModelStatus
 from leader.burst import gather_burst
 from leader.scheduler import Scheduler
+from leader.step_times import StepTimes
 from leader.warmup import WarmUp, isolated
 
 log = logging.getLogger("ring")
@@ -65,6 +66,7 @@ class Leader:
     started: float
     warm_up: WarmUp | None = None  # run before ready (leader/warmup.py); None: WARM_UP=off
     warmed: str = ""  # what the warm-up ran and how long it took, for status
+    step_times: StepTimes | None = None  # the step-time model against the measured steps
     state: RankState = RankState.READY
     last_step_ms: float | None = None  # None until the first step ran
     counters: Counters = field(default_factory=Counters)
@@ -105,6 +107,7 @@ class Leader:
             kv_tokens=self.engine.kv_tokens,
             prefix_cache=self.scheduler.prefix.stats(),
             speculation=self.scheduler.speculator.stats(),
+            step_model=self.step_times.status() if self.step_times else StepModelStatus(),
             max_sequence_length=self.scheduler.requests.max_sequence_length,
             uptime_s=time.monotonic() - self.started,
         )
@@ -268,6 +271,8 @@ class Leader:
         self._flush()
         done = time.perf_counter()
         self.last_step_ms = (done - started) * 1000
+        if self.step_times is not None and warm is None:
+            self._time_step(plan, result.prefill_tokens, result.prefill_forwards, width)
         if scheduler.prefill_budget is not None and warm is None:
             # the whole step, as the answers' inter-token latency sees it; a speculative
             # step's decode part counts as rows x positions (skipping those steps starved
@@ -282,6 +287,18 @@ class Leader:
             after = (self.broadcaster.collective_seconds, self._forward_collectives())
             times = (started, planned, streamed_first, launched, streamed, computed, done)
             self._log_step(plan, result.prefill_tokens, times, before, after)
+
+    def _time_step(
+        self, plan: StepPlan, prefill: int, forwards: list[tuple[int, int]], width: int
+    ) -> None:
+        """The step beside its prediction: decode-only steps at their widest row's context
+        (the batch's caches attend over it), prefill-only steps forward by forward."""
+        assert self.step_times is not None and self.last_step_ms is not None
+        if plan.tokens and not prefill:
+            context = max(self.engine.decode_lengths, default=0)
+            self.step_times.decoded(len(plan.tokens), width, context, self.last_step_ms)
+        elif prefill and not plan.tokens:
+            self.step_times.prefilled(forwards, self.last_step_ms)
 
     def _keep_warm_wait(self) -> float | None:
         """Seconds until the next keep-warm request (None: never); counted from the last

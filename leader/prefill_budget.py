@@ -11,15 +11,15 @@ saving up to SAVED_STEPS steps' allowance, so a prefill step's latency stays bou
 
 The step-time model, fitted from rank 0's own steps: a decode step of B rows costs D(B),
 the median of the last QUIET_STEPS decode-only steps of B rows taken while no prompt
-waited (a running average of every decode step read 17 ms for steps of 5-7 ms: one slow
-step in ten weighs in it, and decode-only steps between prefill chunks carry some of the
-chunk's work still finishing on another rank; docs/BENCHMARKS.md); a prefill forward of c
-tokens that starts at context position L costs f + g L + a c + b c (L + c / 2): a fixed
-cost (the weights, the dispatch), reading the cache, a cost per token (the products), and
-attention over the cache, which grows with the context and dominates a long prefill on a
-CPU. The coefficients come from a least-squares fit, none negative, over recent prefill
-steps (their time less the predicted decode part), weighted toward recent steps, over a
-weak, optimistic prior; a chunk is never more than twice the largest prefill forward
+waited (a running average of every decode step misread a step's cost beside a waiting
+prompt: docs/BENCHMARKS.md); a prefill forward of c tokens that starts at context position
+L costs f + g L + a c + b c (L + c / 2): a fixed cost (the weights, the dispatch), reading
+the cache, a cost per token (the products), and attention over the cache, which grows with
+the context and dominates a long prefill on a CPU. The coefficients come from a
+least-squares fit, none negative, over recent prefill steps (their time less the predicted
+decode part), weighted toward recent steps, over a weak prior: the step-time model's
+prediction for this cluster (distributed/step_model.py `prefill_coefficients`), or without
+one an optimistic guess; a chunk is never more than twice the largest prefill forward
 measured, so the model is not trusted far beyond its data (and steps of growing chunks give
 the fit the spread of sizes that tells the costs apart). Every rank applies rank 0's number
 from the step plan; nothing here reads another rank's clock.
@@ -39,9 +39,9 @@ SAVED_STEPS = 2  # the most steps' allowance the credit holds
 # Features are scaled so the prior's weight means the same in each: per forward, per 10K
 # cached positions a forward reads, per 100 tokens, per million token x position pairs.
 _SCALE = np.array([1.0, 1e-4, 1e-2, 1e-6])
-# A weak prior (ms), optimistic on purpose (the doubling cap limits a miss): 1 ms a
-# forward and 1e-4 ms a cached position it reads, 0.05 ms a token, 5e-6 ms a token and
-# cached position; a tenth of a step's weight.
+# The prior without a step-time model (ms), optimistic on purpose (the doubling cap limits
+# a miss): 1 ms a forward and 1e-4 ms a cached position it reads, 0.05 ms a token, 5e-6 ms
+# a token and cached position. Either prior weighs a tenth of a step.
 _PRIOR = np.array([1.0, 1.0, 5.0, 5.0])
 _PRIOR_WEIGHT = 0.1
 
@@ -72,7 +72,16 @@ def _nonnegative_solve(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
 class PrefillBudget:
     """Step times measured by rank 0, and the prefill tokens a step may take."""
 
-    def __init__(self, alone: int, slowdown: float, min_chunk: int = MIN_CHUNK) -> None:
+    def __init__(
+        self,
+        alone: int,
+        slowdown: float,
+        min_chunk: int = MIN_CHUNK,
+        prior: tuple[float, float, float, float] | None = None,
+    ) -> None:
+        """`prior`: the step-time model's (ms a forward, a cached position, a token, a
+        token x cached position)."""
+        self.prior = _PRIOR if prior is None else np.array(prior) / _SCALE
         self.alone = alone
         self.slowdown = slowdown
         self.min_chunk = min(min_chunk, alone)
@@ -80,8 +89,8 @@ class PrefillBudget:
         self.largest = 0  # the most tokens of one prefill forward measured
         self.credit = 0.0  # ms of prefill the answers have allowed and not yet spent
         self._gram = np.eye(4) * _PRIOR_WEIGHT
-        self._moment = _PRIOR * _PRIOR_WEIGHT
-        self.coefficients = _PRIOR.copy()
+        self._moment = self.prior * _PRIOR_WEIGHT
+        self.coefficients = self.prior.copy()
 
     # ---- measurements ------------------------------------------------------------
 
@@ -104,7 +113,7 @@ class PrefillBudget:
         prefill_ms = ms - (decode_ms or 0.0)
         if prefill_ms <= 0:
             return
-        prior_gram, prior_moment = np.eye(4) * _PRIOR_WEIGHT, _PRIOR * _PRIOR_WEIGHT
+        prior_gram, prior_moment = np.eye(4) * _PRIOR_WEIGHT, self.prior * _PRIOR_WEIGHT
         self._gram = FORGET * (self._gram - prior_gram) + prior_gram + np.outer(x, x)
         self._moment = FORGET * (self._moment - prior_moment) + prior_moment + x * prefill_ms
         self.coefficients = _nonnegative_solve(self._gram, self._moment)

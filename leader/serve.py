@@ -17,7 +17,10 @@ from mlx_lm.utils import load_tokenizer
 from config.settings import Settings
 from distributed.exits import EXIT_PEER_GONE, die, peer_lost
 from distributed.loader import ModelInfo
+from distributed.memory import element_bytes, kv_bytes
 from distributed.runtime import RankRuntime
+from distributed.step_model import ClusterModel
+from distributed.step_work import plan_work
 from distributed.wake import WakeError, WakeSender
 from engine.build import LoadedRank
 from engine.prefix_store import PrefixStore, budget_tokens
@@ -32,7 +35,9 @@ from leader.prefix_cache import PrefixCache
 from leader.prefix_disk_index import DiskIndex
 from leader.sampling_defaults import SamplingDefaults
 from leader.scheduler import Scheduler
+from leader.spec_rule import StepCosts
 from leader.speculation import Speculator, rollback_refusal
+from leader.step_times import StepTimes
 from leader.warmup import WarmUp
 
 log = logging.getLogger("ring")
@@ -56,7 +61,8 @@ def serve_leader(
     except WakeError as exc:
         die(EXIT_PEER_GONE, str(exc))
     ranks = [mine] + [RankStatus.model_validate(report) for report in reports]
-    scheduler = _scheduler(settings, loaded, ranks, tokenizer)
+    model = _step_model(settings, info, ranks)
+    scheduler = _scheduler(settings, loaded, ranks, tokenizer, model)
     leader = Leader(
         settings=settings,
         ident=ident,
@@ -71,6 +77,7 @@ def serve_leader(
         profiler=runtime.profiler,
         started=boot.booting.started,
         warm_up=_warm_up(settings, scheduler),
+        step_times=StepTimes(model),
     )
     if wake is not None:
         wake.watch(leader.rank_lost)
@@ -93,10 +100,31 @@ def serve_leader(
     return 0
 
 
+def _step_model(settings: Settings, info: ModelInfo, ranks: list[RankStatus]) -> ClusterModel:
+    """The step-time model of this cluster: the plan's work, scaled to the weights each rank
+    loaded, on the machines and link measured at start."""
+    bits = None if info.plan.shape.sliding_layers else settings.kv_bits
+    per_token = kv_bytes(info.plan, element_bytes(info.activation_bytes, bits))
+    work = plan_work(info.plan, info.activation_bytes, [float(t) for t, _ in per_token])
+    model = ClusterModel(work.calibrated([r.weight_bytes for r in ranks]), info.speed)
+    log.info(
+        "step-time model: a decode step %.1f ms at 1 row, %.1f at 8; prefill %.0f tokens/s",
+        model.decode_ms(1),
+        model.decode_ms(8),
+        512_000 / model.prefill_ms(512),
+    )
+    return model
+
+
 def _scheduler(
-    settings: Settings, loaded: LoadedRank, ranks: list[RankStatus], tokenizer: TokenizerWrapper
+    settings: Settings,
+    loaded: LoadedRank,
+    ranks: list[RankStatus],
+    tokenizer: TokenizerWrapper,
+    step_model: ClusterModel,
 ) -> Scheduler:
-    """The scheduler and every policy it holds, each logged as it is decided."""
+    """The scheduler and every policy it holds, each logged as it is decided; the rules'
+    costs start from `step_model`'s predictions."""
     model, info = loaded.model, loaded.info
     prefix = PrefixCache(
         budget_tokens([(r.prefix_cache_bytes, r.kv_bytes_per_token) for r in ranks]),
@@ -107,6 +135,7 @@ def _scheduler(
         f"{prefix.index.budget_tokens} tokens per rank" if prefix.enabled else "off",
     )
     speculator = _speculator(settings, model, info, tokenizer)
+    speculator.costs = StepCosts(prior=step_model.decode_ms)
     draft = speculator.draft
     context = choose_context(
         settings.max_sequence_length,
@@ -130,7 +159,11 @@ def _scheduler(
         defaults=defaults,
         vocab_size=vocab_size,
         speculator=speculator,
-        prefill_budget=PrefillBudget(settings.prefill_chunk_size, settings.prefill_slowdown)
+        prefill_budget=PrefillBudget(
+            settings.prefill_chunk_size,
+            settings.prefill_slowdown,
+            prior=step_model.prefill_coefficients(),
+        )
         if settings.prefill_slowdown
         else None,
     )

@@ -14,21 +14,19 @@ free: each costs rank 0 one forward of the draft before the step (its measured t
 row the draft proposes d tokens for adds d of those to the step's cost.
 
 Costs: rank 0 measures its own decode steps (those without prefill), by rows and by
-eager or compiled, as a running average. Until a row count is measured, the prior is this
-project's measurement on its CPU host (one rank, 2 threads, the default model, 64-token
-prompts, native/sgemm_rows.c at the machine's vector width: batch 1/2/4/8/16 steps of
-72/75/87/138/217 ms, 2026-11-26, `bench.engine_steps --batch B --prompt 64`),
-interpolated, scaled by the nearest measured count, and 7% more when eager (compiled
-decode is 5-10% faster). Steps of more than MAX_ROWS rows are never chosen: the CPU
-host's few-row kernel takes up to 16 rows, and nothing beyond was measured.
+eager or compiled, as a running average. Until a row count is measured, the prior is the
+step-time model's prediction for this cluster (distributed/step_model.py: the plan's
+weights at the rates measured at start, its collectives at the link's measured cost),
+scaled by the nearest measured count, and 7% more when eager (compiled decode is 5-10%
+faster). Steps of more than MAX_ROWS rows are never chosen: the CPU host's few-row kernel
+takes up to 16 rows, and nothing beyond was measured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-PRIOR_MS = {1: 72.0, 2: 75.0, 4: 87.0, 8: 138.0, 16: 217.0}
 EAGER = 1.07
 MAX_ROWS = 16
 AVERAGE = 0.2  # weight of a new measurement in the running average
@@ -56,22 +54,23 @@ class Figures:
         return self.tokens / self.steps if self.steps else 0.0
 
 
-def _prior(rows: int) -> float:
-    points = sorted(PRIOR_MS.items())
-    for (r0, t0), (r1, t1) in zip(points, points[1:], strict=False):
-        if rows <= r1:
-            return t0 + (t1 - t0) * (max(rows, r0) - r0) / (r1 - r0)
-    (r0, t0), (r1, t1) = points[-2], points[-1]
-    return t1 + (t1 - t0) * (rows - r1) / (r1 - r0)
+def _unmodelled(rows: int) -> float:
+    """The prior without a step-time model (tools, unit tests): weights dominate, so 16
+    rows cost twice one; only its ratios matter until a step is measured."""
+    return 1.0 + rows / 16
 
 
 class StepCosts:
-    """Decode step times by (rows, eager), measured by rank 0, over the prior; steps of
-    more than `max_rows` rows are never predicted to pay."""
+    """Decode step times by (rows, eager), measured by rank 0, over the prior (`prior`:
+    the step-time model's ms for a step of that many rows); steps of more than `max_rows`
+    rows are never predicted to pay."""
 
-    def __init__(self, max_rows: int = MAX_ROWS) -> None:
+    def __init__(
+        self, max_rows: int = MAX_ROWS, prior: Callable[[int], float] | None = None
+    ) -> None:
         self.measured: dict[tuple[int, bool], float] = {}
         self.max_rows = max_rows
+        self.prior = prior or _unmodelled
 
     def observe(self, rows: int, eager: bool, ms: float) -> None:
         """A decode step's time; the average starts from the prediction, so one slow step
@@ -83,13 +82,13 @@ class StepCosts:
         """Milliseconds a decode step of `rows` rows takes."""
         if (rows, eager) in self.measured:
             return self.measured[(rows, eager)]
-        prior = _prior(rows) * (EAGER if eager else 1.0)
+        prior = self.prior(rows) * (EAGER if eager else 1.0)
         if not self.measured:
             return prior
         (near, near_eager), ms = min(
             self.measured.items(), key=lambda item: (abs(item[0][0] - rows), item[0][1] != eager)
         )
-        return prior * ms / (_prior(near) * (EAGER if near_eager else 1.0))
+        return prior * ms / (self.prior(near) * (EAGER if near_eager else 1.0))
 
 
 @dataclass

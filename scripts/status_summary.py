@@ -57,6 +57,31 @@ def summarise(status: dict) -> list[str]:
         if memory:
             parts.append(f"memory {memory / 2**20:.0f} MiB")
         lines.append(", ".join(parts))
+    return lines + step_times(status)
+
+
+def step_times(status: dict) -> list[str]:
+    """The step-time model's predictions beside the measured steps, and the link measured
+    at start (rank 0's status.step_model)."""
+    model = status.get("step_model") or {}
+    predicted = model.get("predicted_decode_ms") or {}
+    if not predicted:
+        return []
+    measured = model.get("measured_decode_ms") or {}
+    rows = sorted(set(predicted) | set(measured), key=int)
+    parts = []
+    for row in rows:
+        shown = measured.get(row)
+        got = f"{shown:.1f}" if isinstance(shown, int | float) else "not yet"
+        parts.append(f"{row} row(s) {predicted.get(row, 0):.1f} / {got} ms")
+    lines = ["decode step, predicted / measured: " + ", ".join(parts)]
+    if model.get("prefill_steps"):
+        lines.append(
+            f"prefill, predicted / measured: {model.get('predicted_prefill_tokens_per_s', 0):.0f}"
+            f" / {model.get('measured_prefill_tokens_per_s', 0):.0f} tokens/s"
+        )
+    if model.get("link"):
+        lines.append(f"measured at start: {model['link']}")
     return lines
 
 

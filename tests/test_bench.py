@@ -260,44 +260,60 @@ def test_compiled_decode_bench_decodes_the_same_tokens_every_way(tiny_llama: Pat
     assert done.stdout.count("ms a token") == 3
 
 
-def test_step_model_calibrates_rates_on_one_rank_and_adds_collectives_and_oversubscription(
-    tmp_path: Path,
-) -> None:
-    from bench.step_model import CLUSTERS, Measured, critical_bytes, mac_step_ms, predict, rate
+def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) -> None:
+    from distributed.chips import link_named
+    from distributed.plan import make_plan
+    from distributed.step_model import ClusterModel, Machine, Speed
+    from distributed.step_probe import speed_record
+    from distributed.step_work import plan_work
+    from tests.test_step_model import SMOL
 
-    def run(ranks: int, strategy: str, threads: int, ms: float = 0.0) -> Measured:
-        shares = tuple([10**9 // ranks] * ranks)
-        return Measured(ranks, strategy, shares, ms, threads=threads, cores=2)
-
-    one = run(1, "single", threads=1, ms=110.0)
-    per_ms = rate(one, overhead_ms=10.0)  # 10**9 bytes in the 100 ms past the overhead
-    assert per_ms == pytest.approx(10**7)
-    assert predict(one, 10.0, per_ms, 61, 0.5) == pytest.approx(110.0)
-    tensor, pipeline = run(2, "tensor-uneven", 1), run(3, "pipeline", 1)
-    assert critical_bytes(tensor) == 5 * 10**8 and critical_bytes(pipeline) == 999999999
-    # the busiest rank's half at once, plus 61 all_sums
-    assert predict(tensor, 10.0, per_ms, 61, 0.5) == pytest.approx(10 + 50 + 30.5)
-    # three stages in turn on two cores: every stage at 2/3 of a core, 3 hand-overs
-    assert predict(pipeline, 10.0, per_ms, 61, 0.5) == pytest.approx(110 * 1.5 + 1.5, rel=1e-6)
-    memory, talk = mac_step_ms(CLUSTERS[0])
-    assert 5 < memory < 30 and talk > mac_step_ms(CLUSTERS[1])[1]  # ring costs more than RDMA
-    for name, ranks, ms, weights in (
-        ("1", 1, 110.0, 10**9),
-        ("2", 2, 95.0, 10**9),
-        ("o", 1, 10.0, 1),
-    ):
-        report = {"ranks": ranks, "weight_bytes": [weights // ranks] * ranks, "threads": 1}
-        report |= {"cores": 2, "strategy": "tensor-uneven" if ranks > 1 else "single"}
-        report["batch_1"] = {"step_ms": ms}
-        (tmp_path / f"steps-{name}.json").write_text(json.dumps(report))
-    args = ["--overhead", str(tmp_path / "steps-o.json"), "--collective-ms", "2=0.5"]
-    args += ["--all-sums", "61", "--steps", str(tmp_path / "steps-2.json")]
-    args += [str(tmp_path / "steps-1.json")]
+    plan = make_plan(SMOL, 2, None, "tensor")
+    machine = Machine("m", 2**34, 2, rates=((1, 1e7), (16, 5e6), (128, 1e6)))
+    speed = Speed((machine, machine), link_named("ring-local"), rates_shared=True)
+    work = plan_work(plan, 4, [30720.0, 15360.0])
+    model = ClusterModel(work, speed)
+    record = speed_record(speed) | {
+        "activation_bytes": 4,
+        "weight_bytes": [int(r.weight_bytes) for r in work.ranks],
+        "kv_bytes_per_token": [30720.0, 15360.0],
+    }
+    status = {
+        "link": "link ring-local: 160 us + 2.00 GB/s a collective",
+        "measured_decode_ms": {"1": 50.0, "8": 90.0},
+        "predicted_decode_ms": {"1": 1.0, "8": 2.0},  # what the server said: replaced
+        "decode_context": {"1": 100.0, "8": 300.0},
+        "predicted_prefill_tokens_per_s": 1.0,
+        "prefill_forwards": [[[[0, 999], [999, 1]], 4000.0]],
+        "speed": record,
+    }
+    report = {"ranks": 2, "strategy": "tensor-uneven", "plan": plan.model_dump(mode="json")}
+    report |= {"model": status, "model_dir": "default", "delay_us": 150.0}
+    (tmp_path / "r-x.json").write_text(json.dumps(report))
     done = subprocess.run(
-        [sys.executable, "-m", "bench.step_model", *args], capture_output=True, text=True
+        [sys.executable, "-m", "bench.step_model", str(tmp_path / "r-x.json"), "--again"],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert "| 2 | tensor-uneven | 1 | 477 MiB | 61 | 90.5 | 95.0 | -5% |" in done.stdout
+    one = model.decode_ms(1, 1, 100.0)
+    prefill = 1000 * 1000 / (model.prefill_ms(999, 0) + model.prefill_ms(1, 999))
+    row = done.stdout.splitlines()[-1]
+    assert "| x | default | 2 | tensor-uneven, 150 us one way | ring-local" in row, row
+    assert f"{one:.1f} / 50.0 ms ({(one - 50) / 50:+.0%})" in row, row
+    assert f"{prefill:.1f} / 250.0" in row, row
+
+
+def test_published_figures_table_names_its_sources_and_what_does_not_fit() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.published"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [
+        line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert len(rows) == 13  # the header and 12 published setups
+    assert all(("seeds" in r or "github.com" in r or "jeffgeerling" in r) for r in rows[1:])
+    single = next(r for r in rows if r.startswith("| DeepSeek V3.1 8-bit, 1 x"))
+    assert "does not fit: 713 GB of weights a Mac" in single
 
 
 def test_engine_steps_bench_prefills_together_then_decodes(tiny_llama: Path) -> None:

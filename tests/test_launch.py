@@ -81,8 +81,29 @@ def test_plan_shows_the_split_and_memory_and_refuses_a_rank_that_does_not_fit(
     moe = write_family_model(tmp_path / "qwen3_moe", "qwen3_moe")
     done = project.launch("plan", env={"MODEL": str(moe), "NUM_DEVICES": "2"})
     assert done.returncode == 0, done.stderr
-    assert "plan tensor-even by heads + mlp columns + experts + vocabulary" in done.stdout
+    # the split PARALLELISM=auto takes (the step-time model's fastest), with its memory
+    auto = re.search(r"^PARALLELISM=auto on all 2 rank\(s\): 2 ranks (\S+);", done.stdout, re.M)
+    assert auto, done.stdout
+    shown = "tensor-even by heads + mlp columns + experts + vocabulary"
+    if auto.group(1) == "pipeline":
+        shown = "pipeline (asked pipeline)"
+    assert f"plan {shown}" in done.stdout, done.stdout
     assert re.search(r"rank 1 on .*: weights .* \+ KV .* fits", done.stdout), done.stdout
+    # every split over 1 and 2 ranks with its predicted speed, measured on this machine
+    assert "predicted speed (decode at 1 and 8 clients" in done.stdout
+    for split in ("1 rank", "2 ranks tensor+expert", "2 ranks pipeline"):
+        assert re.search(rf"^  {re.escape(split)} +\d+\.\d t/s +\d+\.\d t/s", done.stdout, re.M), (
+            split
+        )
+    assert "this machine measured now (2, 1 threads)" in done.stdout or os.cpu_count() != 2
+    # Macs described by hand: Apple's figures, no probe; an unknown chip is named
+    macs = ["--host", "M4 Pro:64GB", "--host", "M4 Pro:64GB", "--link", "jaccl"]
+    done = project.launch("plan", *macs, env={"MODEL": str(moe)})
+    assert done.returncode == 0, done.stderr
+    assert "machines described by hand" in done.stdout and "2 ranks pipeline" in done.stdout
+    done = project.launch("plan", "--host", "M9:16GB", env={"MODEL": str(moe)})
+    assert done.returncode == 2
+    assert "unknown chip 'M9': known Apple chips are M1, M1 Pro" in done.stderr
     short = {"MODEL": str(moe), "MAX_SEQUENCE_LENGTH": "1000000000", "MAX_BATCH_SIZE": "256"}
     done = project.launch("plan", env=short)
     assert done.returncode == 2

@@ -116,3 +116,15 @@ def test_the_decode_cost_is_the_median_of_quiet_steps():
         budget.observe(4, [], 25.0, waiting=True)
     assert budget.decode(4) == 5.0
     assert budget.decode(3) == 5.0 and budget.decode(16) == 5.0  # the nearest count measured
+
+
+def test_the_step_time_models_prior_predicts_before_any_prefill_is_measured():
+    # the prior in ms (a forward, a cached position, a token, a token x cached position)
+    budget = PrefillBudget(alone=2048, slowdown=2.0, prior=(F, 0.0, A, B))
+    for pieces in ([(0, 500)], [(20000, 64)]):
+        assert budget.predict(pieces) == pytest.approx(true_ms(pieces), rel=1e-6)
+    # measured steps of a machine twice as slow move the fit away from the prior
+    for context in range(0, 30000, 1500):
+        for chunk in (16, 200, 1000):
+            budget.observe(0, [(context, chunk)], 2 * true_ms([(context, chunk)]))
+    assert budget.predict([(8000, 300)]) == pytest.approx(2 * true_ms([(8000, 300)]), rel=0.1)

@@ -8,8 +8,11 @@ collective watchdog) are tests/test_cluster_ends.py's.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -303,3 +306,24 @@ def test_default_model_serves_a_batch_of_eight_like_one(default_cluster):
     assert tokens["bg"] == tokens_alone["alone"]
     assert texts["bg"] == texts_alone["alone"]
     assert "Paris" in texts["bg"]
+
+
+def test_status_sets_the_step_models_prediction_beside_the_measured_steps(default_cluster):
+    # after the batch above: decode steps of 1 and of 8 rows, each predicted with its context
+    model = default_cluster.status().step_model
+    assert len(model.machines) == 2 and model.link.startswith("link measured (ring, 2 ranks)")
+    assert {1, 8} <= set(model.predicted_decode_ms) and model.measured_decode_ms
+    for rows, measured in model.measured_decode_ms.items():
+        assert measured > 0 and model.predicted_decode_ms[rows] > 0
+        assert model.decode_steps[rows] >= 1
+    assert model.predicted_decode_ms[8] > model.predicted_decode_ms[1]
+    assert model.speed["activation_bytes"] == 4 and len(model.speed["machines"]) == 2
+    summary = subprocess.run(
+        [sys.executable, "scripts/status_summary.py"],
+        input=default_cluster.status().model_dump_json(),
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert re.search(r"decode step, predicted / measured: 1 row\(s\) [\d.]+ / ", summary.stdout)
+    assert "measured at start: link measured (ring, 2 ranks)" in summary.stdout

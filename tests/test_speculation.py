@@ -14,6 +14,10 @@ from collections import Counter
 import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
+from distributed.chips import link_named
+from distributed.plan import make_plan
+from distributed.step_model import ClusterModel, Machine, Speed
+from distributed.step_work import plan_work
 from engine.batch_engine import BatchEngine
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
@@ -25,6 +29,7 @@ from leader.scheduler import Scheduler
 from leader.spec_rule import Evidence, StepCosts, choose_width
 from leader.speculation import Speculator
 from tests.support.tiny_models import write_tiny_model
+from tests.test_step_model import SMOL
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,7 @@ def tiny(tmp_path_factory):
 def flat_costs() -> StepCosts:
     """Step costs of a host where positions are nearly free (a small model on a GPU): the
     per-step rule then speculates wherever a row proposes."""
-    costs = StepCosts(max_rows=1024)
+    costs = StepCosts(max_rows=1024, prior=lambda rows: 10.0)
     for rows in range(1, 1025):
         costs.observe(rows, eager=False, ms=10.0)
         costs.observe(rows, eager=True, ms=10.0 + rows / 1000)
@@ -196,13 +201,22 @@ def test_sampled_answers_keep_the_models_distribution(tiny):
     assert z > 4.0
 
 
+def cpu_step_model() -> ClusterModel:
+    """The step-time model of the default model on one rank of this project's CPU host, from
+    its probe's rates (2 threads, native/sgemm_rows.c; distributed/step_probe.py)."""
+    rates = ((1, 16.0e6), (2, 14.1e6), (4, 13.0e6), (8, 10.5e6), (16, 6.7e6), (128, 2.2e6))
+    machine = Machine("cpu", 2**34, 2, rates=rates, attention_flops_per_ms=3e7, kv_bytes_per_ms=5e6)
+    plan = make_plan(SMOL, 1, None)
+    return ClusterModel(plan_work(plan, 4, [46080.0]), Speed((machine,), link_named("ring-local")))
+
+
 def test_the_step_rule_speculates_where_tokens_per_ms_rise():
-    costs = StepCosts()
+    costs = StepCosts(prior=cpu_step_model().decode_ms)
     assert choose_width([4], [0.8], costs) >= 4  # one row, proposals usually accepted
     assert choose_width([4], [0.02], costs) == 1  # rarely accepted: a plain step
     assert choose_width([0, 3], [0.5, 0.9], costs) > 1  # zero proposals in a wide step
     full = [4] * 8
-    assert choose_width(full, [0.5] * 8, costs) == 1  # a full batch: rows fill the step
+    assert choose_width(full, [0.4] * 8, costs) == 1  # a full batch: rows fill the step
     assert choose_width(full, [0.95] * 8, costs) == 2  # ... unless nearly all are accepted
     assert choose_width([4] * 16, [1.0] * 16, costs) == 1  # past the measured rows
     # rank 0's own measurements replace the prior: here extra positions cost a full step

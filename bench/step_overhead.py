@@ -1,0 +1,87 @@
+"""The step-time model's overhead on a CPU (distributed/step_model.py `CPU_OVERHEAD`): what
+a decode step costs beyond the weights the probe times.
+
+    eval "$(.venv/bin/python -m launcher.command blas-env)"
+    flock /tmp/mlxring-cpu.lock .venv/bin/python -m bench.step_overhead \
+        [--calibrate run/bench/r-l1.json]
+
+1. The fixed part: the decode steps of the tests' tiny llama (hidden 64, a byte tokenizer)
+   at 6 and 30 layers, one rank, 1 and 8 clients, in the server; their weights cost next
+   to nothing, so the steps are the plan, the sampler, streaming and the graph; fitted as
+   `step_ms + layers x layer_ms`.
+2. With `--calibrate`, a one-rank bench/step_time.py report of a model with full-size
+   layers: its measured steps at 1 and 8 clients less the probe's weights and the fixed
+   part, per layer, fitted as `layers x (extra + rows x row_layer_ms)` (on this CPU the
+   kernel's helper threads wake for every product between the layer's other work, and
+   attention and the activations cost per row). That report's decode rows are then the
+   calibration, not predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from bench.step_model import model_of
+from bench.step_time import run_batch
+from distributed.step_model import Overhead, Speed, predict
+from launcher.local_cluster import Cluster
+
+
+def measure(layers: int, root: Path) -> dict[int, float]:
+    from tests.support.tiny_models import write_tiny_model
+
+    model = write_tiny_model(root / f"tiny-{layers}", num_hidden_layers=layers, never_stops=True)
+    env = {"MAX_BATCH_SIZE": "8", "SPECULATIVE": "off", "KEEP_WARM_SECONDS": "0"}
+    with Cluster(model, ranks=1, env=env) as cluster:
+        run_batch(cluster, 1, 8)
+        for batch in (1, 8):
+            run_batch(cluster, batch, 48)
+        measured = cluster.status().step_model.measured_decode_ms
+    return {rows: measured[rows] for rows in (1, 8)}
+
+
+def calibrate(report: dict, step_ms: float, layer_ms: float) -> tuple[float, float]:
+    """(extra ms a full-size layer, ms a row a layer) from a one-rank report."""
+    model = model_of(report)
+    status = report["model"]
+    bare = Overhead(step_ms, layer_ms, 0.0, "fixed part")
+    machines = tuple(replace(m, overhead=bare) for m in model.speed.machines)
+    speed = Speed(machines, model.speed.link, model.speed.crowding, model.speed.rates_shared)
+    layers = model.work.ranks[0].layers
+    rows, gaps = [], []
+    for key, measured in status["measured_decode_ms"].items():
+        context = status["decode_context"][key]
+        predicted = predict(model.work, speed, int(key), 1, round(context)).ms
+        rows.append(int(key))
+        gaps.append((measured - predicted) / layers)
+    a = np.array([[1.0, r] for r in rows])
+    extra, per_row = np.linalg.lstsq(a, np.array(gaps), rcond=None)[0]
+    return float(extra), float(per_row)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[6, 30])
+    parser.add_argument("--calibrate", type=Path, help="a one-rank bench.step_time report")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = {layers: measure(layers, Path(tmp)) for layers in args.layers}
+    # the fixed part: ms = step + layers x layer, over both depths and both batch sizes
+    points = [(layers, ms) for layers, by in steps.items() for ms in by.values()]
+    a = np.array([[1.0, layers] for layers, _ in points])
+    step, layer = np.linalg.lstsq(a, np.array([ms for _, ms in points]), rcond=None)[0]
+    out = {"tiny_models_ms": steps, "step_ms": round(step, 3), "layer_ms": round(layer, 4)}
+    if args.calibrate:
+        extra, per_row = calibrate(json.loads(args.calibrate.read_text()), step, layer)
+        out |= {"full_layer_extra_ms": round(extra, 4), "row_layer_ms": round(per_row, 5)}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

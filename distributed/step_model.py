@@ -1,0 +1,344 @@
+"""The step-time model: how long one step of a plan takes on given machines and a link.
+
+    step = compute + collectives + overhead
+
+- compute: each rank's weights read (dense parts every step, routed experts where the
+  step's tokens go, the KV of the context) at its machine's rate for that many rows, plus
+  attention's arithmetic over the context. Tensor and expert plans compute at once, so the
+  busiest rank counts; a pipeline's stages run one after another, so every rank counts.
+- collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
+  measured at start (distributed/step_probe.py) or from the link's table
+  (distributed/chips.py). Ranks that outnumber their host's cores wait for the scheduler
+  at each collective of a tensor plan (CROWDED_WAIT_MS).
+- overhead: what no weight causes (building the step's graph, norms and activations,
+  sampling, the plan), per step and per layer, by the kind of device.
+
+A machine's rate is measured where the ranks run (bytes a rank multiplies per ms at 1, 2,
+4, 8 and 16 rows and at a prefill's many), or, for an Apple chip described by hand, its
+memory bandwidth and GPU arithmetic from distributed/chips.py at the shares below. Decode
+at B clients is B tokens a step; with W positions a row (speculation) B x W rows go
+through the products and the head, with the same collectives. The figures it was checked
+against, and the commands: docs/BENCHMARKS.md, "The step-time model in the product".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distributed.chips import Chip, Link
+from distributed.step_work import PlanWork, RankWork
+
+# ASSUMED for Apple GPUs (no Mac runs here): MLX's decode reads weights at this share of the
+# chip's specified bandwidth, and a prefill multiplies at this share of its arithmetic.
+BANDWIDTH_SHARE = 0.8
+FLOPS_SHARE = 0.5
+# Measured here (docs/BENCHMARKS.md): a collective of a tensor plan whose ranks outnumber
+# their host's cores waits this long for the scheduler to run every rank.
+CROWDED_WAIT_MS = 3.7
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Per-step time no weight causes: `step_ms` once, `layer_ms` per decoder layer a rank
+    runs, `row_layer_ms` per row per layer (activations, norms, attention's dispatch)."""
+
+    step_ms: float
+    layer_ms: float
+    row_layer_ms: float
+    source: str
+
+    def ms(self, layers: int, rows: int) -> float:
+        return self.step_ms + layers * (self.layer_ms + rows * self.row_layer_ms)
+
+
+# MLX on a CPU (this project's Linux hosts), bench/step_overhead.py: the fixed part from
+# the steps of tiny models whose weights cost nothing (0.475 ms a step, 0.266 ms a layer);
+# a full-size layer's extra (the kernel's helper threads wake for each product between a
+# layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
+# 0.0433 ms) from the default model's steps on one rank, less the probe's weights.
+CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
+# ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
+# GPU runs the previous ones (async_eval), so graph building mostly overlaps.
+GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What one rank's machine does with weights: measured rates (`rates`: (rows, bytes
+    per ms) pairs, `flops_per_ms` at a prefill's rows), or an Apple chip's figures."""
+
+    name: str
+    memory_bytes: int = 0
+    cores: int = 1
+    rates: tuple[tuple[int, float], ...] = ()
+    head_rates: tuple[tuple[int, float], ...] = ()  # the output head's (its own layout)
+    flops_per_ms: float = 0.0  # the products' arithmetic at a prefill's rows
+    attention_flops_per_ms: float = 0.0  # attention's arithmetic over a prefill chunk
+    kv_bytes_per_ms: float = 0.0  # KV a decode step's attention reads
+    expert_flops_per_ms: float = 0.0  # routed experts' products over a prefill's tokens
+    chip: Chip | None = None
+    overhead: Overhead = CPU_OVERHEAD
+
+    @classmethod
+    def of_chip(cls, chip: Chip, memory_bytes: int, cores: int = 8) -> Machine:
+        return cls(f"{chip.name}", memory_bytes, cores, chip=chip, overhead=GPU_OVERHEAD)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.rates)
+
+    def weights_ms(self, nbytes: float, params: float, rows: int, head: bool = False) -> float:
+        """Milliseconds to multiply `rows` rows against `params` weights of `nbytes` (the
+        output head's, `head`, where it was measured apart)."""
+        if nbytes <= 0:
+            return 0.0
+        if self.chip is not None and not self.rates:
+            memory = nbytes / (self.chip.bandwidth_gb_s * BANDWIDTH_SHARE * 1e6)
+            arithmetic = 2 * params * rows / (self.chip.gpu_tflops * FLOPS_SHARE * 1e9)
+            return max(memory, arithmetic)
+        table = self.head_rates if head and self.head_rates else self.rates
+        return nbytes * self.ms_per_byte(rows, table)
+
+    def ms_per_byte(self, rows: int, table: tuple[tuple[int, float], ...] = ()) -> float:
+        """Measured: linear between the probed row counts; beyond the last, time grows with
+        the rows (the products are bound by arithmetic there)."""
+        points = sorted(table or self.rates)
+        if not points:
+            raise ValueError(f"machine {self.name} has neither measured rates nor a chip")
+        xs = [r for r, _ in points]
+        ys = [1.0 / rate for _, rate in points]
+        if rows >= xs[-1]:
+            return ys[-1] * rows / xs[-1]
+        return float(np.interp(rows, xs, ys))
+
+    def attention_ms(self, flops: float, kv_bytes: float) -> float:
+        """Milliseconds of attention: its arithmetic (scores and weighted values) or the
+        KV it reads, whichever takes longer."""
+        if self.chip is not None and not self.rates:
+            arithmetic = flops / (self.chip.gpu_tflops * FLOPS_SHARE * 1e9)
+            return max(arithmetic, kv_bytes / (self.chip.bandwidth_gb_s * BANDWIDTH_SHARE * 1e6))
+        arithmetic = flops / self.attention_flops_per_ms if self.attention_flops_per_ms else 0.0
+        reads = kv_bytes / self.kv_bytes_per_ms if self.kv_bytes_per_ms else 0.0
+        return max(arithmetic, reads)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The machines under the ranks (one per rank), the link between them, and how crowded
+    each rank's host is (its ranks over its cores, at least 1)."""
+
+    machines: tuple[Machine, ...]
+    link: Link
+    crowding: tuple[float, ...] = ()
+    # measured at start, the rates already include the ranks' sharing of the cores
+    rates_shared: bool = False
+
+    def crowd(self, rank: int) -> float:
+        return self.crowding[rank] if self.crowding else 1.0
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's predicted milliseconds and their parts."""
+
+    ms: float
+    compute_ms: float
+    collective_ms: float
+    overhead_ms: float
+    collectives: int
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def _touched(held: int, total: int, picks: int, tokens: int) -> float:
+    """Expected distinct experts among `held` of `total` that `tokens` tokens touch, each
+    token routing to `picks` different experts, uniformly (no routing statistics)."""
+    if not held or not tokens or not total:
+        return 0.0
+    return held * (1 - (1 - picks / total) ** tokens)
+
+
+def _busiest_touched(work: PlanWork, tokens: int, samples: int = 256) -> list[float]:
+    """Per rank, the experts the busiest rank computes in a layer where every rank waits
+    for it (a tensor plan): E[max over ranks], by a seeded sampling of uniform routes."""
+    held = [r.experts_held for r in work.ranks]
+    total, picks = work.num_experts, work.experts_per_token
+    if not total or not any(held):
+        return [0.0] * len(held)
+    if sum(held) != total:  # every rank holds a slice of every expert (mlx-lm's shard())
+        return [_touched(h, total, picks, tokens) for h in held]
+    if tokens * picks > 4 * total:  # every expert is all but sure to be touched
+        most = max(_touched(h, total, picks, tokens) for h in held)
+        return [most if h else 0.0 for h in held]
+    rng = np.random.default_rng(0)
+    # each token's picks: the `picks` smallest of uniform draws, without replacement
+    draws = rng.random((samples, tokens, total))
+    chosen = np.argpartition(draws, picks - 1, axis=-1)[..., :picks]
+    used = np.zeros((samples, total), dtype=bool)
+    np.put_along_axis(used, chosen.reshape(samples, -1), True, axis=-1)
+    edges = np.cumsum([0, *held])
+    counts = np.stack(
+        [used[:, a:b].sum(axis=1) for a, b in zip(edges[:-1], edges[1:], strict=True)], axis=1
+    )
+    busiest = float(counts.max(axis=1).mean())
+    return [busiest if h else 0.0 for h in held]
+
+
+def _rank_compute(
+    work: PlanWork, rank: RankWork, machine: Machine, rows: int, head_rows: int, experts: float,
+    context: int, batch: int,
+) -> float:  # fmt: skip
+    """One rank's compute ms for a forward of `rows` token rows over `context` positions."""
+    dense = machine.weights_ms(rank.dense_params * rank.param_bytes, rank.dense_params, rows)
+    head = machine.weights_ms(
+        rank.head_params * rank.param_bytes, rank.head_params, head_rows, head=True
+    )
+    routed = 0.0
+    if rank.moe_layers and experts:
+        per_expert = rows * work.experts_per_token / max(1, work.num_experts)
+        tokens_each = max(1, math.ceil(per_expert * rank.experts_held / experts))
+        one = machine.weights_ms(
+            rank.expert_params * rank.expert_param_bytes, rank.expert_params, tokens_each
+        )
+        if machine.expert_flops_per_ms and machine.rates:  # a prefill: gather_mm's arithmetic
+            one = max(one, 2 * rank.expert_params * tokens_each / machine.expert_flops_per_ms)
+        routed = rank.moe_layers * experts * one
+    span = rows / batch  # positions a row computes this forward
+    attention = 4 * rank.layers * rank.heads * rank.head_dim * rows * (context + span / 2)
+    kv = batch * (context + span) * rank.kv_bytes_per_token
+    return dense + head + routed + machine.attention_ms(attention, kv)
+
+
+def predict(
+    work: PlanWork, speed: Speed, batch: int, width: int = 1, context: int = 0, prefill: int = 0
+) -> StepTime:
+    """One forward's time: a decode step of `batch` rows of `width` positions over
+    `context` cached positions, or (`prefill` > 0) a prefill chunk of that many tokens."""
+    rows = prefill if prefill else batch * width
+    head_rows = 1 if prefill else batch * width
+    seqs = 1 if prefill else batch
+    if len(speed.machines) != work.world:
+        raise ValueError(f"{len(speed.machines)} machines for a plan of {work.world} ranks")
+    if work.strategy == "tensor":
+        touched = _busiest_touched(work, rows) if work.num_experts else []
+    else:
+        touched = [
+            _touched(r.experts_held, work.num_experts, work.experts_per_token, rows)
+            for r in work.ranks
+        ]
+    computes = []
+    for r, machine in zip(work.ranks, speed.machines, strict=True):
+        crowd = 1.0 if speed.rates_shared else speed.crowd(r.rank)
+        experts = touched[r.rank] if touched else 0.0
+        ms = _rank_compute(work, r, machine, rows, head_rows, experts, context, seqs)
+        computes.append(ms * crowd)
+    overheads = [
+        m.overhead.ms(r.layers, rows) * speed.crowd(r.rank)
+        for r, m in zip(work.ranks, speed.machines, strict=True)
+    ]
+    if work.strategy == "pipeline":
+        compute, overhead = sum(computes), sum(overheads)
+        overhead -= sum(m.overhead.step_ms for m in speed.machines[1:])  # one plan, one sampler
+    else:
+        compute, overhead = max(computes), max(overheads)
+    talk, count = 0.0, 0
+    crowded = work.strategy == "tensor" and max(speed.crowding or (1.0,)) > 1.0
+    for c in work.collectives:
+        nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)
+        if c.kind == "all_sum":
+            each = speed.link.all_sum_ms(nbytes, work.world)
+        elif c.kind == "send":
+            each = speed.link.send_ms(nbytes)
+        else:
+            each = speed.link.all_gather_ms(nbytes, work.world)
+        if crowded:
+            each += CROWDED_WAIT_MS
+        talk += c.count * each
+        count += c.count
+    return StepTime(
+        ms=compute + talk + overhead,
+        compute_ms=compute,
+        collective_ms=talk,
+        overhead_ms=overhead,
+        collectives=count,
+        parts={f"rank {i}": ms for i, ms in enumerate(computes)},
+    )
+
+
+def decode_tokens_per_s(work: PlanWork, speed: Speed, clients: int, context: int = 0) -> float:
+    """Tokens a second all `clients` get together, one token each a step."""
+    return 1000.0 * clients / predict(work, speed, clients, context=context).ms
+
+
+def prefill_tokens_per_s(work: PlanWork, speed: Speed, chunk: int = 512) -> float:
+    """Prompt tokens a second for a prompt prefilled alone in chunks of `chunk`."""
+    return 1000.0 * chunk / predict(work, speed, 1, prefill=chunk).ms
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """The running cluster's plan work on its measured speed: what rank 0's rules ask
+    (leader/spec_rule.py, leader/prefill_budget.py) and what status reports. A step's time
+    is linear in its context, so each (rows, width) is predicted twice and then
+    interpolated (a step's prediction costs microseconds)."""
+
+    work: PlanWork
+    speed: Speed
+    _cache: dict[tuple[int, int, int], tuple[float, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def _line(self, batch: int, width: int, prefill: int) -> tuple[float, float]:
+        key = (batch, width, prefill)
+        if key not in self._cache:
+            near = predict(self.work, self.speed, batch, width, 0, prefill).ms
+            far = predict(self.work, self.speed, batch, width, FAR, prefill).ms
+            self._cache[key] = (near, (far - near) / FAR)
+        return self._cache[key]
+
+    def decode_ms(self, batch: int, width: int = 1, context: float = 0.0) -> float:
+        """A decode step of `batch` rows of `width` positions, `context` cached a row."""
+        near, slope = self._line(batch, width, 0)
+        return near + slope * context
+
+    def prefill_ms(self, tokens: int, context: float = 0.0) -> float:
+        """A prefill forward of `tokens` tokens after `context` cached positions."""
+        near, slope = self._line(1, 1, tokens)
+        return near + slope * context
+
+    def prefill_coefficients(self, chunk: int = 256) -> tuple[float, float, float, float]:
+        """(ms a forward, per cached position, per token, per token x cached position) of
+        f + g L + a c + b c (L + c / 2), the prefill budget's form, solved from four
+        predictions; none negative."""
+        t10, tc0 = self.prefill_ms(1), self.prefill_ms(chunk)
+        t1l, tcl = self.prefill_ms(1, FAR), self.prefill_ms(chunk, FAR)
+        b = max(0.0, ((tcl - tc0) - (t1l - t10)) / (FAR * (chunk - 1)))
+        g = max(0.0, (t1l - t10) / FAR - b)
+        a = max(0.0, (tc0 - t10 - b * (chunk * chunk - 1) / 2) / (chunk - 1))
+        f = max(0.0, t10 - a - b / 2)
+        return f, g, a, b
+
+
+FAR = 8192  # the context of the second prediction of a line
+
+
+def describe_speed(speed: Speed) -> str:
+    """One log line: each machine's rates and the link's cost."""
+    parts = []
+    for rank, m in enumerate(speed.machines):
+        if m.rates:
+            rates = dict(m.rates)
+            parts.append(
+                f"rank {rank} {m.name}: {rates.get(1, 0) / 1e6:.1f} GB/s at 1 row, "
+                f"{rates.get(8, 0) / 1e6:.1f} at 8, {m.flops_per_ms / 1e6:.0f} GFLOP/s"
+            )
+        elif m.chip is not None:
+            parts.append(
+                f"rank {rank} {m.name}: {m.chip.bandwidth_gb_s:g} GB/s, {m.chip.gpu_tflops:g} "
+                "TFLOPS (specified)"
+            )
+    link = speed.link
+    parts.append(f"link {link.name}: {link.latency_us:.0f} us + {link.gb_s:.2f} GB/s a collective")
+    return "step-time model: " + "; ".join(parts)

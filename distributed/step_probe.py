@@ -1,0 +1,419 @@
+"""Measure at start what the step-time model needs of the machines and the link under the
+ranks (distributed/step_model.py), in well under a second.
+
+- The machine: every rank multiplies rows of activations against weights shaped like one
+  decoder layer of the model (its attention and MLP projections, in the model's float type
+  or quantization), repeated past the caches: bytes a rank reads per ms at 1, 2, 4, 8 and
+  16 rows (decode, speculation) and at PREFILL_ROWS (a prefill's arithmetic). The ranks
+  probe at once, so ranks sharing a host's cores measure the rate they will get together.
+- The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
+  state of 1, 8, 16 and PREFILL_ROWS rows) and fit a fixed cost plus a cost per byte.
+
+One all_gather then gives every rank every rank's figures, so every rank plans from the
+same numbers (PARALLELISM=auto, distributed/plan_speed.py).
+
+    python -m distributed.step_probe MODEL_DIR   # this machine's rates as JSON (the plan)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from distributed.chips import Chip, Link, chip_named, this_chip
+from distributed.hosts import RankHost, local_memory_bytes
+from distributed.model_shape import ModelShape
+from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
+from distributed.step_work import bytes_per_param
+
+DECODE_ROWS = (1, 2, 4, 8, 16)
+PREFILL_ROWS = 128
+# Weights read per probe run: past a CPU's caches; on a GPU enough to hide the dispatch.
+CPU_PROBE_BYTES = 96 * 2**20
+GPU_PROBE_BYTES = 512 * 2**20
+MIN_PROBE_BYTES = 2 * 2**20
+REPEATS = 5
+ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
+ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
+LINK_REPEATS = 12
+MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
+_RECORD_BYTES = 2048
+
+
+def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's projections (a routed expert's where the model has
+    no dense MLP)."""
+    hidden = shape.hidden_size
+    q = shape.num_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.kv_rows
+    columns = shape.intermediate_size or shape.expert_size or 4 * hidden
+    return [(q, hidden), (kv, hidden), (kv, hidden), (hidden, q)] + [
+        (columns, hidden),
+        (columns, hidden),
+        (hidden, columns),
+    ]
+
+
+class _Weights:
+    """Weights of given (out, in) shapes up to a byte budget, in the model's format, and
+    the product a layer computes with them. `head`: stored [in, out] as MLX's CPU layer
+    keeps an output head (engine/cpu_linear.py); elsewhere [out, in] like every layer."""
+
+    def __init__(
+        self, shapes: list[tuple[int, int]], shape: ModelShape, dtype: mx.Dtype, budget: int,
+        head: bool = False,
+    ) -> None:  # fmt: skip
+        self.shape, self.dtype = shape, dtype
+        self.items: list[tuple[Any, int]] = []  # (weight, its input width)
+        self.nbytes = self.params = 0
+        quantize = bool(shape.quantized and shape.bits and shape.group_size)
+        self.transposed = head and not quantize and mx.default_device() == mx.cpu
+        while self.nbytes < budget:
+            for rows, columns in shapes:
+                w: Any = mx.full((rows, columns), 0.01, dtype=dtype)
+                if quantize:
+                    w = mx.quantize(w, shape.group_size, shape.bits, mode=shape.quant_mode)
+                elif self.transposed:
+                    w = mx.contiguous(w.T)
+                mx.eval(w)
+                self.items.append((w, columns))
+                self.nbytes += sum(p.nbytes for p in w if p is not None) if quantize else w.nbytes
+                self.params += rows * columns
+
+    def _product(self, x: mx.array, w: Any) -> mx.array:
+        if isinstance(w, mx.array):
+            return x @ w if self.transposed else x @ w.T
+        weight, scales, *rest = w
+        s = self.shape
+        return mx.quantized_matmul(
+            x, weight, scales, rest[0] if rest else None, True, s.group_size, s.bits,
+            mode=s.quant_mode,
+        )  # fmt: skip
+
+    def ms(self, rows: int, repeats: int, items: int | None = None) -> float:
+        """Median ms of one pass of `rows` rows through the first `items` weights."""
+        chosen = self.items[:items] if items else self.items
+        inputs = {w_in: mx.full((rows, w_in), 0.5, dtype=self.dtype) for _, w_in in chosen}
+        mx.eval(list(inputs.values()))
+
+        def run() -> None:
+            mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
+
+        return _median_ms(run, repeats)
+
+
+def _median_ms(run: Any, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
+
+
+def _slope(full: _Weights, rows: int, part: int) -> float:
+    """Bytes a ms: the difference of a pass through every weight and one through the
+    first `part` (what each evaluation costs whatever its weights, the overhead's, drops
+    out)."""
+    whole = full.ms(rows, REPEATS)
+    some = full.ms(rows, REPEATS, part)
+    partial = sum(_nbytes(w) for w, _ in full.items[:part])
+    share = (full.nbytes - partial) / full.nbytes
+    if whole - some < share * whole / 2:  # ranks taking turns on cores upset one pass
+        return full.nbytes / whole
+    return (full.nbytes - partial) / (whole - some)
+
+
+def _nbytes(w: Any) -> int:
+    return w.nbytes if isinstance(w, mx.array) else sum(p.nbytes for p in w if p is not None)
+
+
+def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
+    """(attention's arithmetic a ms over a prefill chunk, KV bytes a decode step reads a
+    ms), through mx.fast.scaled_dot_product_attention as the ranks run it (the CPU
+    backend's grouped kernel where server.py installed it)."""
+    heads, kv_heads, dim = shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
+    scale = dim**-0.5
+
+    def run(q: mx.array, k: mx.array) -> Any:
+        return lambda: mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=scale))
+
+    q = mx.full((1, heads, ATTENTION_CHUNK, dim), 0.1, dtype=dtype)
+    k = mx.full((1, kv_heads, ATTENTION_CONTEXT, dim), 0.1, dtype=dtype)
+    mx.eval(q, k)
+    flops = 4 * heads * dim * ATTENTION_CHUNK * ATTENTION_CONTEXT
+    prefill = flops / _median_ms(run(q, k), REPEATS)
+    q = mx.full((8, heads, 1, dim), 0.1, dtype=dtype)
+    k = mx.full((8, kv_heads, 4 * ATTENTION_CONTEXT, dim), 0.1, dtype=dtype)
+    mx.eval(q, k)
+    decode = 2 * k.nbytes / _median_ms(run(q, k), REPEATS)
+    return prefill, decode
+
+
+def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
+    """Arithmetic a ms of routed experts' products over a prefill's tokens, as MLX runs
+    them (gather_mm over tokens sorted by expert, as mlx-lm's SwitchGLU does); 0 without
+    experts."""
+    if not shape.num_experts or not shape.expert_size:
+        return 0.0
+    hidden, columns = shape.hidden_size, shape.expert_size
+    count = int(max(1, min(shape.num_experts, budget // (4 * hidden * columns))))
+    pairs = PREFILL_ROWS * max(1, shape.experts_per_token) * count // shape.num_experts
+    pairs = max(count, pairs - pairs % count)
+    w = mx.full((count, hidden, columns), 0.01, dtype=dtype)
+    x = mx.full((pairs, 1, hidden), 0.5, dtype=dtype)
+    index = mx.repeat(mx.arange(count, dtype=mx.uint32), pairs // count)
+    mx.eval(w, x, index)
+
+    def run() -> None:
+        mx.eval(mx.gather_mm(x, w, rhs_indices=index, sorted_indices=True))
+
+    return 2 * pairs * hidden * columns / _median_ms(run, REPEATS)
+
+
+def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
+    """Bytes a probe pass reads: the device's budget, or less for a model smaller than it
+    (whose steps never read more: the tests' tiny models probe in milliseconds)."""
+    budget = GPU_PROBE_BYTES if mx.default_device() == mx.gpu else CPU_PROBE_BYTES
+    per_param = bytes_per_param(shape, activation_bytes)
+    layer = sum(rows * columns for rows, columns in _layer_shapes(shape))
+    model = (layer * shape.num_layers + shape.vocab_size * shape.hidden_size) * per_param
+    return int(max(MIN_PROBE_BYTES, min(budget, model)))
+
+
+def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> Machine:
+    """This machine's rates for `shape`'s layers, head and attention, as one rank of it
+    sees them now."""
+    dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
+    gpu = mx.default_device() == mx.gpu
+    budget = probe_budget(shape, activation_bytes)
+    layers = _Weights(_layer_shapes(shape), shape, dtype, budget)
+    layers.ms(1, 1)  # the first pass after the allocation pays the kernel's page work
+    quarter = max(1, len(layers.items) // 4)
+    rates = [(rows, _slope(layers, rows, quarter)) for rows in DECODE_ROWS]
+    # a prefill's many rows: two layers' weights against one are enough arithmetic to time
+    one = len(_layer_shapes(shape))
+    two = sum(rows * columns for rows, columns in _layer_shapes(shape)) * 4 + 1
+    prefill = _Weights(_layer_shapes(shape), shape, dtype, two)  # two layers' weights
+    rate = _slope(prefill, PREFILL_ROWS, one)
+    rates.append((PREFILL_ROWS, rate))
+    params_per_byte = layers.params / layers.nbytes
+    head_rows = max(1, min(shape.vocab_size, budget // (shape.hidden_size * 4)))
+    head = _Weights([(head_rows // 4, shape.hidden_size)] * 4, shape, dtype, 1, head=True)
+    head_rates = [(rows, _slope(head, rows, 1)) for rows in DECODE_ROWS]
+    attention_flops, kv_rate = _attention(shape, dtype)
+    experts = _experts(shape, dtype, budget)
+    mx.clear_cache()
+    chip = this_chip()
+    return Machine(
+        name=name or (f"{chip} (measured)" if chip else "this machine (measured)"),
+        memory_bytes=local_memory_bytes(),
+        cores=_cores(),
+        rates=tuple(rates),
+        head_rates=tuple(head_rates),
+        flops_per_ms=2 * PREFILL_ROWS * rate * params_per_byte,
+        attention_flops_per_ms=attention_flops,
+        kv_bytes_per_ms=kv_rate,
+        expert_flops_per_ms=experts,
+        chip=_known_chip(chip),
+        overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
+    )
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def _known_chip(name: str) -> Chip | None:
+    try:
+        return chip_named(name) if name else None
+    except ValueError:
+        return None
+
+
+# ---- the link ---------------------------------------------------------------------------
+
+
+def probe_link(
+    group: mx.distributed.Group, shape: ModelShape, activation_bytes: int, backend: str
+) -> Link:
+    """A fixed cost plus a cost per byte, fitted to all_sums of a step's sizes."""
+    dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
+    arrays = [mx.zeros((4096,), dtype=mx.uint8)] + [
+        mx.zeros((rows, shape.hidden_size), dtype=dtype) for rows in (1, 8, 16, PREFILL_ROWS)
+    ]
+    sizes, times = [], []
+    for array in arrays:
+        mx.eval(array)
+
+        def run(array: mx.array = array) -> None:
+            mx.eval(mx.distributed.all_sum(array, group=group))
+
+        sizes.append(array.nbytes)
+        times.append(_median_ms(run, LINK_REPEATS))
+    slope, intercept = np.polyfit(np.array(sizes, dtype=float), np.array(times), 1)
+    ranks = group.size()
+    topology = "mesh" if backend == "jaccl" else "ring"
+    hops = ranks - 1 if topology == "ring" else 1
+    per_byte = max(float(slope), MIN_MS_PER_BYTE)  # noise can tilt the fit
+    latency_ms = max(float(intercept), min(times) / 2)
+    return Link(
+        name=f"measured ({backend}, {ranks} ranks)",
+        latency_us=latency_ms * 1e3 / hops,
+        gb_s=2 * (ranks - 1) / ranks / per_byte / 1e6,
+        topology=topology,
+        source="all_sums timed at start (distributed/step_probe.py)",
+    )
+
+
+# ---- every rank's figures -----------------------------------------------------------------
+
+
+def machine_record(machine: Machine) -> dict[str, Any]:
+    return {
+        "name": machine.name,
+        "memory_bytes": machine.memory_bytes,
+        "cores": machine.cores,
+        "rates": [[rows, round(rate, 3)] for rows, rate in machine.rates],
+        "head_rates": [[rows, round(rate, 3)] for rows, rate in machine.head_rates],
+        "flops_per_ms": round(machine.flops_per_ms, 1),
+        "attention_flops_per_ms": round(machine.attention_flops_per_ms, 1),
+        "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
+        "expert_flops_per_ms": round(machine.expert_flops_per_ms, 1),
+        "chip": machine.chip.name if machine.chip else "",
+        "gpu": machine.overhead is GPU_OVERHEAD,
+    }
+
+
+def machine_from_record(record: dict[str, Any]) -> Machine:
+    return Machine(
+        name=record["name"],
+        memory_bytes=int(record["memory_bytes"]),
+        cores=int(record["cores"]),
+        rates=tuple((int(rows), float(rate)) for rows, rate in record["rates"]),
+        head_rates=tuple((int(rows), float(rate)) for rows, rate in record.get("head_rates", [])),
+        flops_per_ms=float(record["flops_per_ms"]),
+        attention_flops_per_ms=float(record.get("attention_flops_per_ms", 0.0)),
+        kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
+        expert_flops_per_ms=float(record.get("expert_flops_per_ms", 0.0)),
+        chip=_known_chip(record.get("chip", "")),
+        overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
+    )
+
+
+def _all_records(group: mx.distributed.Group, mine: dict[str, Any]) -> list[dict[str, Any]]:
+    if group.size() == 1:
+        return [mine]
+    record = np.zeros(_RECORD_BYTES, dtype=np.uint8)
+    encoded = json.dumps(mine).encode()
+    if len(encoded) > _RECORD_BYTES:
+        raise ValueError(f"a rank's speed record is {len(encoded)} bytes, over {_RECORD_BYTES}")
+    record[: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+    gathered = mx.distributed.all_gather(mx.array(record), group=group)
+    rows = np.array(gathered).reshape(group.size(), _RECORD_BYTES)
+    return [json.loads(row.tobytes().rstrip(b"\0")) for row in rows]
+
+
+def measure_speed(
+    group: mx.distributed.Group,
+    shape: ModelShape,
+    activation_bytes: int,
+    hosts: list[RankHost],
+    backend: str,
+) -> Speed:
+    """Every rank's machine and the link, measured now (a collective: all ranks call it)."""
+    if group.size() > 1:  # start together: ranks sharing cores then measure what they share
+        mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
+    machine = probe_machine(shape, activation_bytes)
+    link = probe_link(group, shape, activation_bytes, backend) if group.size() > 1 else None
+    mine: dict[str, Any] = {"machine": machine_record(machine)}
+    if link is not None:
+        mine["link"] = [link.latency_us, link.gb_s]
+    records = _all_records(group, mine)
+    machines = _per_host(records, hosts)
+    if link is None:
+        link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
+    else:  # every rank timed the same all_sums: their mean, the same on every rank
+        latency = sum(r["link"][0] for r in records) / len(records)
+        rate = sum(r["link"][1] for r in records) / len(records)
+        link = Link(link.name, latency, rate, link.topology, link.source)
+    return Speed(machines, link, crowding_of(hosts), rates_shared=True)
+
+
+def speed_record(speed: Speed) -> dict[str, Any]:
+    """A Speed as JSON (status; bench/step_model.py predicts again from it)."""
+    link = speed.link
+    return {
+        "machines": [machine_record(m) for m in speed.machines],
+        "link": [link.name, link.latency_us, link.gb_s, link.topology],
+        "crowding": list(speed.crowding),
+        "rates_shared": speed.rates_shared,
+    }
+
+
+def speed_from_record(record: dict[str, Any]) -> Speed:
+    name, latency, rate, topology = record["link"]
+    return Speed(
+        tuple(machine_from_record(m) for m in record["machines"]),
+        Link(name, float(latency), float(rate), topology, "recorded"),
+        tuple(record.get("crowding", ())),
+        bool(record.get("rates_shared", False)),
+    )
+
+
+def _per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Machine, ...]:
+    """Every rank's machine: ranks on one host share its record, the median of theirs (3
+    ranks taking turns on 2 cores measured 5, 11 and 17 GB/s at one row, each alone;
+    their median is what one of them gets)."""
+    out = []
+    for host in hosts:
+        mine = [r["machine"] for r, h in zip(records, hosts, strict=True) if h.host == host.host]
+        merged = dict(mine[0])
+        for key in ("rates", "head_rates"):
+            merged[key] = [
+                [rows, statistics.median(m[key][i][1] for m in mine)]
+                for i, (rows, _) in enumerate(mine[0][key])
+            ]
+        for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
+            merged[key] = statistics.median(m[key] for m in mine)
+        merged["expert_flops_per_ms"] = statistics.median(
+            m.get("expert_flops_per_ms", 0.0) for m in mine
+        )
+        out.append(machine_from_record(merged))
+    return tuple(out)
+
+
+def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
+    """Each rank's host's ranks over its cores, at least 1."""
+    return tuple(
+        max(1.0, sum(1 for other in hosts if other.host == host.host) / max(1, host.cores))
+        for host in hosts
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="This machine's rates for a model, as JSON.")
+    parser.add_argument("model_dir", type=Path)
+    args = parser.parse_args(argv)
+    from distributed.memory import activation_bytes
+
+    config = json.loads((args.model_dir / "config.json").read_text())
+    shape = ModelShape.from_config(config)
+    machine = probe_machine(shape, activation_bytes(args.model_dir, config))
+    json.dump(machine_record(machine), sys.stdout)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

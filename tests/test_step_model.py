@@ -1,0 +1,215 @@
+"""The step-time model's arithmetic (distributed/step_model.py, step_work.py, chips.py,
+plan_speed.py): what a plan reads and sends each step, and the milliseconds it makes of
+them on given machines and links. How well it predicts real steps is a benchmark
+(bench/step_time.py, bench/step_model.py; docs/BENCHMARKS.md), not asserted here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distributed.chips import LINKS, Link, chip_named, link_named, parse_link
+from distributed.hosts import RankHost
+from distributed.memory import activation_bytes, predict_weight_bytes
+from distributed.plan import make_plan
+from distributed.plan_speed import choose, choose_plan, measure_split, splits
+from distributed.step_model import (
+    CROWDED_WAIT_MS,
+    ClusterModel,
+    Machine,
+    Overhead,
+    Speed,
+    _busiest_touched,
+    _touched,
+    predict,
+)
+from distributed.step_work import bytes_per_param, plan_work
+from launcher.plan_machines import parse_host
+from tests.support.family_configs import CONFIGS
+from tests.support.tiny_families import write_family_model
+
+FREE = Overhead(0.0, 0.0, 0.0, "none")
+LINK = Link("test", 100.0, 1.0, "ring", "test")  # 0.1 ms + 1 GB/s
+SMOL = {  # SmolLM2-135M's config.json: 9 query / 3 KV heads, 30 layers, tied embeddings
+    "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+}  # fmt: skip
+
+
+def flat(rate: float = 1e7, overhead: Overhead = FREE) -> Machine:
+    """A machine that reads `rate` bytes a ms whatever the rows."""
+    return Machine("flat", 2**34, 2, rates=((1, rate), (16, rate)), overhead=overhead)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_each_ranks_weights_from_the_shape_match_the_safetensors(family: str, tmp_path: Path):
+    model = write_family_model(tmp_path / family, family)
+    config = json.loads((model / "config.json").read_text())
+    for kind in ("tensor", "pipeline"):
+        plan = make_plan(config, 2, None, kind)
+        work = plan_work(plan, activation_bytes(model, config))
+        real = predict_weight_bytes(model, plan)
+        for rank, actual in zip(work.ranks, real, strict=True):
+            assert rank.weight_bytes == pytest.approx(actual, rel=0.02), (kind, rank.rank)
+        assert work.calibrated(real).ranks[1].weight_bytes == real[1]
+
+
+def test_quantized_weights_count_their_scales_and_biases(tmp_path: Path) -> None:
+    model = write_family_model(tmp_path / "q", "qwen3_moe", bits=4)
+    config = json.loads((model / "config.json").read_text())
+    plan = make_plan(config, 2, None, "tensor")
+    per_param = bytes_per_param(plan.shape, 4)
+    assert per_param == pytest.approx(4 / 8 + 2 * 4 / 32)  # 4 bits + float32 scale, bias
+    work = plan_work(plan, 4)
+    for rank, actual in zip(work.ranks, predict_weight_bytes(model, plan), strict=True):
+        assert rank.weight_bytes == pytest.approx(actual, rel=0.1)
+
+
+def test_a_tensor_plan_pays_its_collectives_and_waits_for_its_busiest_rank() -> None:
+    plan = make_plan(SMOL, 2, None, "tensor")  # 3 KV heads: 2 on rank 0, 1 on rank 1
+    work = plan_work(plan, 4)
+    kinds = {(c.kind, c.what): c.count for c in work.collectives}
+    # two all_sums a layer, the embedding's, the head's gather, the step plan
+    assert kinds[("all_sum", "attention and MLP outputs")] == 60
+    assert kinds[("all_sum", "embedding lookup")] == 1
+    assert kinds[("all_gather", "the head's logits")] == 1
+    assert kinds[("all_sum", "step plan broadcast")] == 1
+    speed = Speed((flat(), flat()), LINK)
+    step = predict(work, speed, 1)
+    assert step.collectives == 63
+    busiest = max(r.weight_bytes for r in work.ranks)
+    assert step.compute_ms == pytest.approx(busiest / 1e7, rel=0.01)
+    # an all_sum of 576 float32 between 2 ranks: 0.1 ms + 2304 bytes at 1 GB/s; the plan's
+    # 4 KiB; the head's gather of about half the vocabulary's float32 logits
+    expected = 61 * (0.1 + 2304 / 1e6) + (0.1 + 4096 / 1e6) + (0.1 + 24576 * 4 / 1e6)
+    assert step.collective_ms == pytest.approx(expected, rel=0.02)
+    # a pipeline's stages run in turn: every rank's weights, and 2 hand-overs
+    pipe = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
+    staged = predict(pipe, speed, 1)
+    assert staged.compute_ms == pytest.approx(
+        sum(r.weight_bytes for r in pipe.ranks) / 1e7, rel=0.01
+    )
+    assert staged.collectives == 3 and staged.collective_ms < 1.0
+
+
+def test_ranks_that_outnumber_the_cores_wait_at_each_collective_of_a_tensor_plan() -> None:
+    work = plan_work(make_plan(SMOL, 3, None, "tensor"), 4)
+    alone = predict(work, Speed((flat(),) * 3, LINK), 1)
+    crowded = predict(work, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
+    assert crowded.collective_ms == pytest.approx(
+        alone.collective_ms + alone.collectives * CROWDED_WAIT_MS
+    )
+    assert crowded.compute_ms == pytest.approx(1.5 * alone.compute_ms)
+    # measured at start, the rates already hold the sharing of the cores
+    shared = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3, rates_shared=True)
+    assert predict(work, shared, 1).compute_ms == pytest.approx(alone.compute_ms)
+
+
+def test_measured_rates_interpolate_between_rows_and_grow_past_the_last() -> None:
+    machine = Machine("m", 1, 1, rates=((1, 10.0), (8, 5.0), (128, 1.0)))
+    assert machine.weights_ms(100, 0, 1) == pytest.approx(10)
+    assert machine.weights_ms(100, 0, 8) == pytest.approx(20)
+    assert 10 < machine.weights_ms(100, 0, 4) < 20
+    assert machine.weights_ms(100, 0, 256) == pytest.approx(2 * 100)  # arithmetic-bound
+
+
+def test_an_apple_chip_reads_at_its_bandwidth_until_its_arithmetic_binds() -> None:
+    mac = Machine.of_chip(chip_named("M2 Ultra"), 192 * 2**30)
+    nbytes, params = 4e9, 8e9  # 8 B parameters at 4 bits
+    one = mac.weights_ms(nbytes, params, 1)
+    assert one == pytest.approx(4e9 / (800 * 0.8 * 1e6))
+    assert mac.weights_ms(nbytes, params, 2) == one  # a few rows: still memory-bound
+    assert mac.weights_ms(nbytes, params, 2048) > 20 * one  # a prefill: arithmetic-bound
+
+
+def test_routed_experts_cost_where_tokens_go_and_the_busiest_rank_sets_the_pace() -> None:
+    assert _touched(8, 16, 4, 1) == pytest.approx(2.0)  # 4 picks, half of them its own
+    assert _touched(8, 16, 4, 64) == pytest.approx(8.0, rel=1e-3)  # every expert
+    moe = write_config("qwen3_moe")
+    work = plan_work(make_plan(moe, 2, None, "tensor"), 4)
+    busiest = _busiest_touched(work, 1)
+    mean = _touched(work.ranks[0].experts_held, work.num_experts, work.experts_per_token, 1)
+    assert busiest[0] > mean  # the routes split unevenly, and every rank waits
+    assert busiest == _busiest_touched(work, 1)  # seeded: every rank computes the same
+
+
+def write_config(family: str) -> dict:
+    return dict(CONFIGS[family], vocab_size=512)
+
+
+def test_prefill_coefficients_give_back_the_models_own_prefill() -> None:
+    machine = Machine(
+        "m", 1, 1, rates=((1, 1e7), (16, 5e6), (128, 1e6)), attention_flops_per_ms=1e7,
+        kv_bytes_per_ms=1e7, overhead=Overhead(1.0, 0.1, 0.001, "test"),
+    )  # fmt: skip
+    model = ClusterModel(plan_work(make_plan(SMOL, 1, None), 4, [46080.0]), Speed((machine,), LINK))
+    f, g, a, b = model.prefill_coefficients()
+    assert min(f, g, a, b) >= 0 and a > 0 and b > 0
+    for tokens, context in ((64, 0), (256, 4096), (512, 1000)):
+        form = f + g * context + a * tokens + b * tokens * (context + tokens / 2)
+        assert form == pytest.approx(model.prefill_ms(tokens, context), rel=0.1)
+    assert model.decode_ms(4, context=100) < model.decode_ms(4, context=5000)
+
+
+def test_chips_and_links_are_found_by_name_or_said_unknown() -> None:
+    assert chip_named("apple m2 ultra").bandwidth_gb_s == 800
+    with pytest.raises(ValueError, match=r"unknown chip 'M9'.*M1, M1 Pro"):
+        chip_named("M9")
+    assert link_named("jaccl") is LINKS[0] and parse_link("50:6").latency_us == 50
+    with pytest.raises(ValueError, match="known links are jaccl"):
+        parse_link("carrier-pigeon")
+    assert parse_host("M4 Pro:64GB") == ("M4 Pro", 64 * 2**30)
+    with pytest.raises(ValueError, match="CHIP:MEMORY"):
+        parse_host("64GB")
+    # a ring's small all_sum grows a hop a rank; jaccl's mesh does not
+    ring, mesh = link_named("ring-thunderbolt"), link_named("jaccl")
+    assert ring.all_sum_ms(0, 3) == pytest.approx(2 * ring.all_sum_ms(0, 2))
+    assert mesh.all_sum_ms(0, 3) == pytest.approx(mesh.all_sum_ms(0, 2))
+
+
+def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
+    hosts = [RankHost(host="here", cores=2, memory_bytes=2**34)] * 3
+    machine = flat(1e7, Overhead(1.0, 0.2, 0.0, "test"))
+    crowded = Speed((machine,) * 3, link_named("ring-local"), crowding=(1.5,) * 3)
+    plan = choose_plan(SMOL, None, "auto", hosts, crowded, 4)
+    assert plan.strategy == "pipeline" and plan.requested == "auto"
+    assert plan.note.startswith("auto: predicted decode step at 1 client") and "tensor" in plan.note
+    # on their own machines, over RDMA, the tensor split's halved weights win
+    apart = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(2)]
+    fast = Speed((machine,) * 2, link_named("jaccl"))
+    assert choose_plan(SMOL, None, "auto", apart, fast, 4).is_tensor
+    assert choose_plan(SMOL, None, "pipeline", apart, fast, 4).strategy == "pipeline"
+    # the table: every split over 1..N hosts, those that fit best first
+    small = [RankHost(host=f"m{i}", cores=8, memory_bytes=400 * 2**20) for i in range(2)]
+    options = splits(SMOL, small, lambda h: None, lambda n: Speed((machine,) * n, LINK), 4)
+    assert [o.name for o in options][-1] == "1 rank" and options[-1].why_not  # 538 MB
+    assert all(not o.why_not for o in options[:-1])
+    best, why = choose([o for o in options if o.ranks == 2])
+    assert best.decode_tokens_per_s(1) == max(o.decode_tokens_per_s(1) for o in options[:-1])
+    assert measure_split(best.plan, small, Speed((machine,) * 2, LINK), SMOL, 4).steps[8].ms > 0
+
+
+def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
+    from distributed.step_probe import _per_host, machine_record
+
+    def record(rate: float) -> dict:
+        return {"machine": machine_record(flat(rate))}
+
+    hosts = [RankHost(host=h, cores=2, memory_bytes=2**34) for h in ("a", "a", "a", "b")]
+    machines = _per_host([record(5e6), record(17e6), record(11e6), record(3e6)], hosts)
+    assert [dict(m.rates)[1] for m in machines] == [11e6, 11e6, 11e6, 3e6]
+
+
+def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:
+    moe = write_config("qwen3_moe")
+    work = plan_work(make_plan(moe, 1, None), 4)
+    plain = flat(1e7)
+    slow = Machine("m", 2**34, 2, rates=plain.rates, expert_flops_per_ms=1e7, overhead=FREE)
+    decode = [predict(work, Speed((m,), LINK), 1).ms for m in (plain, slow)]
+    prefill = [predict(work, Speed((m,), LINK), 1, prefill=512).ms for m in (plain, slow)]
+    assert decode[1] == pytest.approx(decode[0], rel=0.05)  # a token's few experts: bytes
+    assert prefill[1] > 2 * prefill[0]  # many tokens an expert: gather_mm's arithmetic
