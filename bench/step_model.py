@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from distributed.plan import Plan
+from distributed.speed_records import speed_from_record
 from distributed.step_model import ClusterModel
-from distributed.step_probe import speed_from_record
 from distributed.step_work import plan_work
 
 

@@ -29,9 +29,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from distributed.chips import Chip, Link, chip_named, this_chip
+from distributed.chips import Link, this_chip
 from distributed.hosts import RankHost, local_memory_bytes
 from distributed.model_shape import ModelShape
+from distributed.speed_records import all_records, crowding_of, known_chip, machine_record, per_host
 from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
 from distributed.step_work import bytes_per_param
 
@@ -46,7 +47,6 @@ ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
 ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
 LINK_REPEATS = 12
 MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
-_RECORD_BYTES = 2048
 
 
 def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
@@ -225,20 +225,13 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
         attention_flops_per_ms=attention_flops,
         kv_bytes_per_ms=kv_rate,
         expert_flops_per_ms=experts,
-        chip=_known_chip(chip),
+        chip=known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
     )
 
 
 def _cores() -> int:
     return os.cpu_count() or 1
-
-
-def _known_chip(name: str) -> Chip | None:
-    try:
-        return chip_named(name) if name else None
-    except ValueError:
-        return None
 
 
 # ---- the link ---------------------------------------------------------------------------
@@ -279,51 +272,6 @@ def probe_link(
 # ---- every rank's figures -----------------------------------------------------------------
 
 
-def machine_record(machine: Machine) -> dict[str, Any]:
-    return {
-        "name": machine.name,
-        "memory_bytes": machine.memory_bytes,
-        "cores": machine.cores,
-        "rates": [[rows, round(rate, 3)] for rows, rate in machine.rates],
-        "head_rates": [[rows, round(rate, 3)] for rows, rate in machine.head_rates],
-        "flops_per_ms": round(machine.flops_per_ms, 1),
-        "attention_flops_per_ms": round(machine.attention_flops_per_ms, 1),
-        "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
-        "expert_flops_per_ms": round(machine.expert_flops_per_ms, 1),
-        "chip": machine.chip.name if machine.chip else "",
-        "gpu": machine.overhead is GPU_OVERHEAD,
-    }
-
-
-def machine_from_record(record: dict[str, Any]) -> Machine:
-    return Machine(
-        name=record["name"],
-        memory_bytes=int(record["memory_bytes"]),
-        cores=int(record["cores"]),
-        rates=tuple((int(rows), float(rate)) for rows, rate in record["rates"]),
-        head_rates=tuple((int(rows), float(rate)) for rows, rate in record.get("head_rates", [])),
-        flops_per_ms=float(record["flops_per_ms"]),
-        attention_flops_per_ms=float(record.get("attention_flops_per_ms", 0.0)),
-        kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
-        expert_flops_per_ms=float(record.get("expert_flops_per_ms", 0.0)),
-        chip=_known_chip(record.get("chip", "")),
-        overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
-    )
-
-
-def _all_records(group: mx.distributed.Group, mine: dict[str, Any]) -> list[dict[str, Any]]:
-    if group.size() == 1:
-        return [mine]
-    record = np.zeros(_RECORD_BYTES, dtype=np.uint8)
-    encoded = json.dumps(mine).encode()
-    if len(encoded) > _RECORD_BYTES:
-        raise ValueError(f"a rank's speed record is {len(encoded)} bytes, over {_RECORD_BYTES}")
-    record[: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
-    gathered = mx.distributed.all_gather(mx.array(record), group=group)
-    rows = np.array(gathered).reshape(group.size(), _RECORD_BYTES)
-    return [json.loads(row.tobytes().rstrip(b"\0")) for row in rows]
-
-
 def measure_speed(
     group: mx.distributed.Group,
     shape: ModelShape,
@@ -339,8 +287,8 @@ def measure_speed(
     mine: dict[str, Any] = {"machine": machine_record(machine)}
     if link is not None:
         mine["link"] = [link.latency_us, link.gb_s]
-    records = _all_records(group, mine)
-    machines = _per_host(records, hosts)
+    records = all_records(group, mine)
+    machines = per_host(records, hosts)
     if link is None:
         link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
     else:  # every rank timed the same all_sums: their mean, the same on every rank
@@ -348,57 +296,6 @@ def measure_speed(
         rate = sum(r["link"][1] for r in records) / len(records)
         link = Link(link.name, latency, rate, link.topology, link.source)
     return Speed(machines, link, crowding_of(hosts), rates_shared=True)
-
-
-def speed_record(speed: Speed) -> dict[str, Any]:
-    """A Speed as JSON (status; bench/step_model.py predicts again from it)."""
-    link = speed.link
-    return {
-        "machines": [machine_record(m) for m in speed.machines],
-        "link": [link.name, link.latency_us, link.gb_s, link.topology],
-        "crowding": list(speed.crowding),
-        "rates_shared": speed.rates_shared,
-    }
-
-
-def speed_from_record(record: dict[str, Any]) -> Speed:
-    name, latency, rate, topology = record["link"]
-    return Speed(
-        tuple(machine_from_record(m) for m in record["machines"]),
-        Link(name, float(latency), float(rate), topology, "recorded"),
-        tuple(record.get("crowding", ())),
-        bool(record.get("rates_shared", False)),
-    )
-
-
-def _per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Machine, ...]:
-    """Every rank's machine: ranks on one host share its record, the median of theirs (3
-    ranks taking turns on 2 cores measured 5, 11 and 17 GB/s at one row, each alone;
-    their median is what one of them gets)."""
-    out = []
-    for host in hosts:
-        mine = [r["machine"] for r, h in zip(records, hosts, strict=True) if h.host == host.host]
-        merged = dict(mine[0])
-        for key in ("rates", "head_rates"):
-            merged[key] = [
-                [rows, statistics.median(m[key][i][1] for m in mine)]
-                for i, (rows, _) in enumerate(mine[0][key])
-            ]
-        for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
-            merged[key] = statistics.median(m[key] for m in mine)
-        merged["expert_flops_per_ms"] = statistics.median(
-            m.get("expert_flops_per_ms", 0.0) for m in mine
-        )
-        out.append(machine_from_record(merged))
-    return tuple(out)
-
-
-def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
-    """Each rank's host's ranks over its cores, at least 1."""
-    return tuple(
-        max(1.0, sum(1 for other in hosts if other.host == host.host) / max(1, host.cores))
-        for host in hosts
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,8 @@ from pathlib import Path
 from config.settings import Settings
 from distributed.chips import Link, chip_named, link_named, parse_link
 from distributed.hosts import RankHost
+from distributed.speed_records import crowding_of, machine_from_record
 from distributed.step_model import Machine, Speed
-from distributed.step_probe import crowding_of, machine_from_record
 from launcher import cpu_layer
 from launcher.command import ROOT
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from distributed.speed_records import speed_record
 from distributed.step_model import ClusterModel, describe_speed
-from distributed.step_probe import speed_record
 from ipc.status import StepModelStatus
 
 WINDOW = 64  # steps of each row count kept

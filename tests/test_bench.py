@@ -263,8 +263,8 @@ def test_compiled_decode_bench_decodes_the_same_tokens_every_way(tiny_llama: Pat
 def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) -> None:
     from distributed.chips import link_named
     from distributed.plan import make_plan
+    from distributed.speed_records import speed_record
     from distributed.step_model import ClusterModel, Machine, Speed
-    from distributed.step_probe import speed_record
     from distributed.step_work import plan_work
     from tests.test_step_model import SMOL
 

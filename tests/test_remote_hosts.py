@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +57,7 @@ from tests.support.remote_cluster import (
     RemoteCluster,
     cluster_fixture,  # noqa: F401 (fixture, used by name)
     hosts_fixture,  # noqa: F401 (fixture, used by name)
+    median_of,
     mlx_metadata,
     set_link,
 )
@@ -346,43 +346,24 @@ def test_100_ms_on_a_workers_link_while_streaming(cluster: RemoteCluster) -> Non
     )
 
 
-def _decode_ms(cluster: RemoteCluster, runs: int = 3) -> list[float]:
-    """Per-token decode times (ms) of `runs` 64-token answers, one at a time, after a warm-up."""
-    client, times = cluster.client(), []
-    for _ in range(runs + 1):
-        answer = client.chat.completions.create(
-            model="default",
-            messages=[{"role": "user", "content": COUNTING}],
-            max_tokens=64,
-            temperature=0,
-        )
-        rate = answer.model_extra["performance"]["generation_tokens_per_second"]
-        times.append(1000 / rate)
-    return times[1:]
-
-
-def _summary(times: list[float]) -> str:
-    return f"{statistics.median(times):.1f} ({', '.join(f'{t:.0f}' for t in times)})"
-
-
 @pytest.mark.skipif(
     os.environ.get("REMOTE_DECODE_COMPARE") != "1",
     reason="measurement, not a check: REMOTE_DECODE_COMPARE=1 ./test.sh -k remote -s",
 )
 def test_decode_time_across_hosts_against_local_ranks(cluster: RemoteCluster) -> None:
-    remote = _decode_ms(cluster)
+    remote = cluster.decode_ms(COUNTING)
     assert cluster.launch("stop").returncode == 0
     local_env = {"WORKER_HOSTS": "", "WORKER_SSH": "", "REMOTE_DIR": "~/mlx-ring"}
     local_env["NUM_DEVICES"] = "3"
     try:
         done = cluster.launch("start", env=local_env, timeout=START_TIMEOUT)
         assert done.returncode == 0, done.stdout + done.stderr
-        local = _decode_ms(cluster)
+        local = cluster.decode_ms(COUNTING)
     finally:
         cluster.launch("stop", env=local_env)
     print(
         "\nper-token decode, default model, 3 ranks, 64-token answers, median of 3 (all), ms: "
-        f"namespaced hosts {_summary(remote)}, local ranks {_summary(local)}"
+        f"namespaced hosts {median_of(remote)}, local ranks {median_of(local)}"
     )
     done = cluster.launch("start", timeout=START_TIMEOUT)  # back to remote for the next test
     assert done.returncode == 0, done.stdout + done.stderr

@@ -194,13 +194,13 @@ def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
 
 
 def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
-    from distributed.step_probe import _per_host, machine_record
+    from distributed.speed_records import machine_record, per_host
 
     def record(rate: float) -> dict:
         return {"machine": machine_record(flat(rate))}
 
     hosts = [RankHost(host=h, cores=2, memory_bytes=2**34) for h in ("a", "a", "a", "b")]
-    machines = _per_host([record(5e6), record(17e6), record(11e6), record(3e6)], hosts)
+    machines = per_host([record(5e6), record(17e6), record(11e6), record(3e6)], hosts)
     assert [dict(m.rates)[1] for m in machines] == [11e6, 11e6, 11e6, 3e6]
 
 

@@ -6,6 +6,7 @@ namespace, a worker's link, and a short chat through the real API."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -67,6 +68,21 @@ class RemoteCluster:
             max_tokens=16,
             temperature=0,
         )
+
+    def decode_ms(self, prompt: str, runs: int = 3) -> list[float]:
+        """Per-token decode times (ms) of `runs` 64-token answers to `prompt`, one at a
+        time, after a warm-up."""
+        client, times = self.client(), []
+        for _ in range(runs + 1):
+            answer = client.chat.completions.create(
+                model="default",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=64,
+                temperature=0,
+            )
+            rate = answer.model_extra["performance"]["generation_tokens_per_second"]
+            times.append(1000 / rate)
+        return times[1:]
 
     def server_processes(self, worker: Worker) -> dict[int, str]:
         """pid -> command line of each server.py in the worker's namespace."""
@@ -140,3 +156,8 @@ def cluster_fixture(request: pytest.FixtureRequest, hosts: NetnsHosts) -> Iterat
         remote.launch("stop", timeout=120)
         # back to local mode: `project`'s own final stop must not look for the workers
         (project.root / ".env").write_text(local_env)
+
+
+def median_of(times: list[float]) -> str:
+    """`median (each, ...)` of times in ms, for a printed measurement."""
+    return f"{statistics.median(times):.1f} ({', '.join(f'{t:.0f}' for t in times)})"
