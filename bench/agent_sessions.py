@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,8 @@ from bench.agent_proxy import AgentProxy, Exchange, ForcedCall
 from bench.agents import AGENTS, Session, run
 from bench.claude_code import long_variant
 from bench.compare import resolve_model_dir
+from bench.run_setup import add_run_options, bench_environment, run_each
 from bench.servers import ROOT, Ours, log, wait_quiet
-from launcher.cpu_layer import preload
 
 ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is notes.txt empty?"]
 
@@ -117,27 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS))
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--positions", type=int, default=32768)
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
-    parser.add_argument("--max-load", type=float, default=1.5)
+    add_run_options(parser)
     parser.add_argument("--load-patience", type=float, default=600.0)
     parser.add_argument(
         "--markdown", type=Path, default=ROOT / "run" / "bench" / "agent_sessions.md"
     )
     args = parser.parse_args(argv)
-    env = os.environ.copy() | {"MODEL": "", "MODEL_CACHE_DIR": str(args.cache_dir)}
-    env |= preload(env, few_rows=False)
+    env = bench_environment(args.cache_dir)
     base = resolve_model_dir(env)
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results = {}
     model = long_variant(base, args.cache_dir / f"long-{base.name}", args.positions)
-    for ranks in args.ranks:
-        results[ranks] = run_ranks(ranks, args, env, model)
-    text = markdown(results, started, args)
-    print(text)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
-    args.markdown.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return run_each(
+        args.ranks,
+        lambda ranks: run_ranks(ranks, args, env, model),
+        lambda results, started: markdown(results, started, args),
+        args.markdown,
+    )
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ from typing import Any
 from bench.compare import resolve_model_dir, token_counter
 from bench.even_model import make_even_variant
 from bench.loadgen import run_conversation
+from bench.report import rows_table
+from bench.run_setup import add_run_options, bench_environment
 from bench.servers import BenchRefused, log, running, server_of
 from bench.stats import RequestResult
 from launcher.command import ROOT
-from launcher.cpu_layer import preload
 
 CLAUDE = ROOT / "tests" / "agents" / "node_modules" / ".bin" / "claude"
 FOLLOW_UP = "Now list the files you would read first, and why."
@@ -131,16 +132,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an MLX directory whose context holds the prompt (both servers, every rank "
         "count); default: the default model given --positions",
     )
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
-    parser.add_argument("--max-load", type=float, default=1.5)
+    add_run_options(parser)
     parser.add_argument("--json", type=Path, default=ROOT / "run" / "bench" / "claude_code.json")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    env = os.environ | {"MODEL": "", "IMPORT_DTYPE": "float32"}
-    env |= {"MODEL_CACHE_DIR": str(args.cache_dir)} | preload(env, few_rows=False)
+    env = bench_environment(args.cache_dir, IMPORT_DTYPE="float32")
     base = args.model or resolve_model_dir(env)
     system, question = as_chat(capture_first_request())
     count = token_counter(base)
@@ -187,19 +186,14 @@ def _row(name: str, ranks: int, turns: list[RequestResult]) -> dict[str, Any]:
 
 
 def report(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| ranks | server | turn 1: prompt tokens, TTFT (s) | turn 2: prompt tokens, TTFT (s) |",
-        "| --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        if not row["ok"]:
-            lines.append(f"| {row['ranks']} | {row['server']} | failed: {row['error']} | |")
-            continue
-        lines.append(
-            f"| {row['ranks']} | {row['server']} | {row['prompt_first']}, "
-            f"{row['ttft_first']:.2f} | {row['prompt_later']}, {row['ttft_later']:.2f} |"
-        )
-    return "\n".join(lines)
+    return rows_table(
+        "ranks | server | turn 1: prompt tokens, TTFT (s) | turn 2: prompt tokens, TTFT (s)",
+        rows,
+        lambda row: (
+            f"{row['prompt_first']}, {row['ttft_first']:.2f} | "
+            f"{row['prompt_later']}, {row['ttft_later']:.2f}"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import get_args
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.utils import load_model
 
 from bench.compiled_decode import DEFAULT_MODEL
@@ -31,7 +32,44 @@ from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
 from engine.cpu_linear import transpose_linears
 from engine.last_logits import head_on_last_position
-from engine.step_plan import Insert, StepPlan
+from engine.step_plan import Insert, StepPlan, StepResult
+
+
+def served_model(path: Path, layout: LinearLayout = "plain") -> nn.Module:
+    """The model at `path` set up as server.py sets it up on MLX's CPU backend."""
+    model, _ = load_model(path)
+    model.eval()
+    cpu_attention.install()
+    transpose_linears(model, layout)
+    head_on_last_position(model)
+    return model
+
+
+def first_plan(engine: BatchEngine, vocab: int, rows: int, tokens: int) -> StepPlan:
+    """A step that inserts `rows` distinct prompts of `tokens` tokens each."""
+    prompts = [[(7 * row + i) % (vocab - 100) + 100 for i in range(tokens)] for row in range(rows)]
+    inserts = [Insert(i + 1, prompt) for i, prompt in enumerate(prompts)]
+    return StepPlan(0, engine.fingerprint(), inserts=inserts)
+
+
+def next_plan(engine: BatchEngine, result: StepResult, width: int) -> StepPlan:
+    """The next decode step: each row's greedy token, with `width - 1` copies of it proposed
+    (a speculative step's forward, whatever is accepted), the last step's proposals rolled
+    back."""
+    assert result.logits is not None
+    chosen = mx.argmax(result.logits, axis=-1).tolist()
+    firsts = [sum(result.widths[:i]) for i in range(len(result.widths))]
+    tokens = {seq_id: chosen[at] for seq_id, at in zip(result.seq_ids, firsts, strict=True)}
+    following = [tokens[seq_id] for seq_id in engine.decode_ids]
+    rollbacks = [w - 1 for w in result.widths] if max(result.widths) > 1 else []
+    drafts = [[t] * (width - 1) for t in following] if width > 1 else []
+    return StepPlan(
+        engine.step_index,
+        engine.fingerprint(),
+        tokens=following,
+        drafts=drafts,
+        rollbacks=rollbacks,
+    )
 
 
 def main() -> None:
@@ -44,41 +82,18 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="no compiled decode")
     parser.add_argument("--draft", type=int, default=0, help="proposed tokens a row a step")
     args = parser.parse_args()
-    model, _ = load_model(args.model)
-    model.eval()
-    cpu_attention.install()
-    transpose_linears(model, args.layout)
-    head_on_last_position(model)
+    model = served_model(args.model, args.layout)
     engine = BatchEngine(
         model, max(256, args.prompt), compiled=None if args.eager else CompiledDecode(model)
     )
-    vocab = model.args.vocab_size
-    prompts = [
-        [(7 * row + i) % (vocab - 100) + 100 for i in range(args.prompt)]
-        for row in range(args.batch)
-    ]
-    plan = StepPlan(
-        0, engine.fingerprint(), inserts=[Insert(i + 1, p) for i, p in enumerate(prompts)]
-    )
+    plan = first_plan(engine, model.args.vocab_size, args.batch, args.prompt)
     times = []
     for _ in range(args.steps + 1):
         engine.apply(plan)
         started = time.perf_counter()
         result = engine.run()
-        chosen = mx.argmax(result.logits, axis=-1).tolist()
-        firsts = [sum(result.widths[:i]) for i in range(len(result.widths))]
-        tokens = {seq_id: chosen[at] for seq_id, at in zip(result.seq_ids, firsts, strict=True)}
+        plan = next_plan(engine, result, 1 + args.draft)  # reads the logits: the step's end
         times.append((time.perf_counter() - started) * 1e3)
-        next_tokens = [tokens[seq_id] for seq_id in engine.decode_ids]
-        rollbacks = [w - 1 for w in result.widths] if max(result.widths) > 1 else []
-        drafts = [[t] * args.draft for t in next_tokens] if args.draft else []
-        plan = StepPlan(
-            engine.step_index,
-            engine.fingerprint(),
-            tokens=next_tokens,
-            drafts=drafts,
-            rollbacks=rollbacks,
-        )
     decode = statistics.median(times[2:])
     print(
         f"batch {args.batch} x {args.prompt} prompt tokens: prefill {times[0]:.0f} ms, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,10 +25,11 @@ from typing import Any
 import httpx
 
 from bench.loadgen import Endpoint, stream_chat
+from bench.report import rows_table
+from bench.run_setup import add_run_options, bench_environment
 from bench.servers import log, running, server_of
 from bench.stats import RequestResult
 from launcher.command import ROOT
-from launcher.cpu_layer import preload
 
 STREAMS = 4
 
@@ -109,17 +109,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=32000, help="the long prompt's words")
     parser.add_argument("--before", type=float, default=3.0)
     parser.add_argument("--trials", type=int, default=1)
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
-    parser.add_argument("--max-load", type=float, default=1.5)
+    add_run_options(parser)
     parser.add_argument("--json", type=Path, default=ROOT / "run" / "bench" / "long_prefill.json")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    env = os.environ | {"MAX_SEQUENCE_LENGTH": "65536", "KEEP_WARM_SECONDS": "0"}
-    env |= {"REQUEST_TIMEOUT_SECONDS": "3600"}  # a 32K prefill beside answers, on a CPU
-    env |= preload(env, few_rows=False)
+    # a 32K prefill beside answers, on a CPU, outlasts the default request timeout
+    env = bench_environment(
+        args.cache_dir,
+        MAX_SEQUENCE_LENGTH="65536",
+        KEEP_WARM_SECONDS="0",
+        REQUEST_TIMEOUT_SECONDS="3600",
+    )
     model = endless_model(args.cache_dir / "endless-long-context")
     workdir = Path(tempfile.mkdtemp(prefix="bench-long-prefill-"))
     rows: list[dict[str, Any]] = []
@@ -139,23 +142,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| ranks | server | prompt tokens | time to first token: alone, beside answers (s) "
-        "| answers' ITL before / during (ms) | answers keep |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        if not row["ok"]:
-            lines.append(f"| {row['ranks']} | {row['server']} | failed: {row['error']} | | | |")
-            continue
-        before, during, ratio = row["itl_before_ms"], row["itl_during_ms"], row["ratio"]
-        alone, beside = row["ttft_alone_s"], row["ttft_s"]
-        lines.append(
-            f"| {row['ranks']} | {row['server']} | {row['prompt_tokens']} | {alone:.1f}, "
-            f"{beside:.1f} ({beside / alone:.2f}x) | {before or 0:.1f} / {during or 0:.1f} "
-            f"| {1 / ratio if ratio else 0:.2f}x |"
-        )
-    return "\n".join(lines)
+    return rows_table(
+        "ranks | server | prompt tokens | time to first token: alone, beside answers (s) "
+        "| answers' ITL before / during (ms) | answers keep",
+        rows,
+        _cells,
+    )
+
+
+def _cells(row: dict[str, Any]) -> str:
+    before, during, ratio = row["itl_before_ms"], row["itl_during_ms"], row["ratio"]
+    alone, beside = row["ttft_alone_s"], row["ttft_s"]
+    return (
+        f"{row['prompt_tokens']} | {alone:.1f}, {beside:.1f} ({beside / alone:.2f}x) "
+        f"| {before or 0:.1f} / {during or 0:.1f} | {1 / ratio if ratio else 0:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from bench.stats import Summary
 from launcher.cpu_layer import first_cpu
@@ -247,3 +249,14 @@ def agent_lines(by_server: dict[str, dict[str, Summary] | str]) -> list[str]:
             + (f", target <= 0.1x{verdict}" if name == OURS else "")
         )
     return [*lines, ""] if lines else []
+
+
+def rows_table(header: str, rows: list[dict[str, Any]], cells: Callable[[dict], str]) -> str:
+    """A Markdown table of a benchmark's rows under `header` (its cells joined by " | "):
+    each row's ranks and server, then `cells(row)`, or "failed: " and its error."""
+    columns = header.count(" | ") + 1
+    lines = [f"| {header} |", "| " + " | ".join(["---"] * columns) + " |"]
+    for row in rows:
+        rest = cells(row) if row["ok"] else f"failed: {row['error']}" + " |" * (columns - 3)
+        lines.append(f"| {row['ranks']} | {row['server']} | {rest} |")
+    return "\n".join(lines)

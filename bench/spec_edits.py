@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +33,11 @@ from bench.compare import resolve_model_dir
 from bench.edit_workloads import WORKLOADS, Workload, copied
 from bench.even_model import make_even_variant
 from bench.loadgen import Endpoint, stream_chat
+from bench.run_setup import add_run_options, bench_environment, run_each
 from bench.servers import ROOT, Ours, Peer, log, wait_quiet
 from bench.stats import RequestResult
 from ipc.client import RankClient
 from ipc.protocol import ChatMessage, Delta, Done, Error, SamplingParams, Submit
-from launcher.cpu_layer import preload
 from leader.request_setup import RequestSetup
 
 
@@ -168,27 +166,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--spec-tokens", type=int, default=8)
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
-    parser.add_argument("--max-load", type=float, default=1.5)
+    add_run_options(parser)
     parser.add_argument("--load-patience", type=float, default=600.0)
     parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "spec_edits.md")
     args = parser.parse_args(argv)
-    env = os.environ.copy() | {"MODEL": "", "MODEL_CACHE_DIR": str(args.cache_dir)}
-    env |= preload(env, few_rows=False)
+    env = bench_environment(args.cache_dir)
     base = resolve_model_dir(env)
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results = {}
-    for ranks in args.ranks:
-        model = (
-            base if ranks == 1 else make_even_variant(base, args.cache_dir / f"even-{base.name}")
-        )
-        results[ranks] = run_ranks(ranks, args, env, model)
-    text = markdown(results, args, started)
-    print(text)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
-    args.markdown.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    even = args.cache_dir / f"even-{base.name}"
+    return run_each(
+        args.ranks,
+        lambda ranks: run_ranks(
+            ranks, args, env, base if ranks == 1 else make_even_variant(base, even)
+        ),
+        lambda results, started: markdown(results, args, started),
+        args.markdown,
+    )
 
 
 if __name__ == "__main__":

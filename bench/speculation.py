@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import tempfile
 import time
@@ -35,9 +34,9 @@ from bench.compare import resolve_model_dir, token_counter
 from bench.even_model import make_even_variant
 from bench.loadgen import Endpoint, run_load
 from bench.prompts import essay_prompt
+from bench.run_setup import add_run_options, bench_environment, write_report
 from bench.servers import ROOT, Ours, Peer, load_average, log, wait_quiet
 from bench.stats import Summary, summarize
-from launcher.cpu_layer import preload
 
 EDIT_SOURCE = '''\
 import json
@@ -227,7 +226,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--model", default="", help="MODEL setting ('' = default SmolLM2)")
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
     parser.add_argument("--edit-requests", type=int, default=3)
     parser.add_argument("--edit-max-tokens", type=int, default=500)
     parser.add_argument("--free-requests", type=int, default=3)
@@ -243,7 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers", nargs="*", default=["off", "peer-rows"], help="also: off, peer-rows"
     )
-    parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")
+    add_run_options(parser)
     parser.add_argument("--load-patience", type=float, default=600.0)
     parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "speculation.md")
     return parser.parse_args(argv)
@@ -251,8 +249,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    env = os.environ.copy() | {"MODEL": args.model, "MODEL_CACHE_DIR": str(args.cache_dir)}
-    env |= preload(env, few_rows=False)
+    env = bench_environment(args.cache_dir, MODEL=args.model)
     model_dir = resolve_model_dir(env)
     token_counter(model_dir)  # the tokenizer loads: the model directory is whole
     if args.alternate:
@@ -291,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}, {key}: {json.dumps(_brief(results[key][name]))}")
     text = markdown(results, args, started)
     print(text)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
-    args.markdown.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    write_report(args.markdown, text, results)
     log(f"wrote {args.markdown}")
     return 0
 

@@ -19,16 +19,12 @@ import os
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.utils import load_model
 
 from bench.compiled_decode import DEFAULT_MODEL
-from engine import cpu_attention
+from bench.engine_steps import first_plan, next_plan, served_model
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
-from engine.cpu_linear import transpose_linears
 from engine.heap import heap_stats, release_freed
-from engine.last_logits import head_on_last_position
-from engine.step_plan import Insert, StepPlan
 from ipc.processes import rss_bytes
 
 MIB = 2**20
@@ -52,37 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-traces", type=int, default=128)
     parser.add_argument("--steps", type=int, default=1200)
     args = parser.parse_args(argv)
-    model, _ = load_model(args.model)
-    model.eval()
-    cpu_attention.install()
-    transpose_linears(model, "plain")
-    head_on_last_position(model)
+    model = served_model(args.model)
     compiled = CompiledDecode(model, max_traces=args.max_traces)
     engine = BatchEngine(model, 256, compiled=compiled)
-    vocab = model.args.vocab_size
-    prompts = [[(7 * row + i) % (vocab - 100) + 100 for i in range(40)] for row in range(2)]
-    plan = StepPlan(
-        0, engine.fingerprint(), inserts=[Insert(i + 1, p) for i, p in enumerate(prompts)]
-    )
+    plan = first_plan(engine, model.args.vocab_size, rows=2, tokens=40)
     report("start", compiled, engine)
     for step in range(args.steps + 1):
         engine.apply(plan)
         result = engine.run()
-        assert result.logits is not None
-        chosen = mx.argmax(result.logits, axis=-1).tolist()
-        firsts = [sum(result.widths[:i]) for i in range(len(result.widths))]
-        tokens = {seq: chosen[at] for seq, at in zip(result.seq_ids, firsts, strict=True)}  # type: ignore[index]
-        following = [tokens[seq] for seq in engine.decode_ids]
-        rollbacks = [w - 1 for w in result.widths] if max(result.widths) > 1 else []
-        width = 1 + step % 5
-        drafts = [[t] * (width - 1) for t in following] if width > 1 else []
-        plan = StepPlan(
-            engine.step_index,
-            engine.fingerprint(),
-            tokens=following,
-            drafts=drafts,
-            rollbacks=rollbacks,
-        )
+        plan = next_plan(engine, result, width=1 + step % 5)
         if step % 200 == 0:
             report(f"step {step}", compiled, engine)
     release_freed()

@@ -24,33 +24,30 @@ import mlx.core as mx
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
+# hidden, layers, attention heads, KV heads, MLP width, vocabulary, tied embeddings
 SHAPES = {
-    # the default model's shape (HuggingFaceTB/SmolLM2-135M-Instruct)
-    "smollm2-135m": dict(
-        hidden_size=576,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        intermediate_size=1536,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-    ),
-    # an 8B model's shape (Llama 3.1 8B)
-    "llama-8b": dict(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-    ),
+    "smollm2-135m": (576, 30, 9, 3, 1536, 49152, True),  # HuggingFaceTB/SmolLM2-135M-Instruct
+    "llama-8b": (4096, 32, 32, 8, 14336, 128256, False),  # Llama 3.1 8B
 }
+_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
 def build(shape: str, dtype: mx.Dtype) -> llama.Model:
     args = llama.ModelArgs.from_dict(
-        {"model_type": "llama", "rms_norm_eps": 1e-5, "rope_theta": 500000.0, **SHAPES[shape]}
+        {
+            "model_type": "llama",
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            **dict(zip(_FIELDS, SHAPES[shape], strict=True)),
+        }
     )
     model = llama.Model(args)
     model.set_dtype(dtype)

@@ -19,9 +19,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from launcher.local_cluster import Cluster
 from tests.support.agent_requests import ASK, TIME, WEATHER
-from tests.support.api_server import running_api, wait_ready
+from tests.support.api_server import cluster_with_api
 from tests.support.tiny_models import AGENT_CALLS, AGENT_THOUGHT, write_agent_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -58,11 +57,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def api(model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("agent-cluster")
-    with Cluster(model_dir, ranks=2, workdir=work / "cluster") as cluster:
-        env = {"SOCKET_PATH": str(cluster.socket_path)}
-        with running_api(env, work / "api.log") as process:
-            wait_ready(process.base_url)
-            yield process
+    with cluster_with_api(model_dir, work) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ import httpx
 import jsonschema_rs
 import pytest
 
-from launcher.local_cluster import Cluster
 from tests.support.agent_requests import ASK, WEATHER
-from tests.support.api_server import running_api, wait_ready
+from tests.support.api_server import cluster_with_api
 from tests.support.tiny_models import AGENT_CALLS, AGENT_THOUGHT, write_agent_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -37,11 +36,8 @@ TOOLS = [
 def api(tmp_path_factory):
     work = tmp_path_factory.mktemp("anthropic-cluster")
     model = write_agent_model(work / "tiny-agent")
-    with Cluster(model, ranks=2, workdir=work / "cluster") as cluster:
-        env = {"SOCKET_PATH": str(cluster.socket_path), "API_KEY": KEY}
-        with running_api(env, work / "api.log") as process:
-            wait_ready(process.base_url)
-            yield process
+    with cluster_with_api(model, work, api_env={"API_KEY": KEY}) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.local_cluster import Cluster
-from tests.support.api_server import running_api, start_api, wait_ready
+from tests.support.api_server import api_over, start_api, wait_ready
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -336,9 +336,8 @@ def test_client_disconnect_cancels_the_request(api):
 
 
 def test_timeout_gives_504_and_cancels(cluster, tmp_path):
-    env = {"SOCKET_PATH": str(cluster.socket_path), "REQUEST_TIMEOUT_SECONDS": "0.5"}
-    with running_api(env, tmp_path / "api-timeout.log") as short:
-        wait_ready(short.base_url)
+    timeout = {"REQUEST_TIMEOUT_SECONDS": "0.5"}
+    with api_over(cluster, tmp_path / "api-timeout.log", timeout) as short:
         body = {**LONG, "stream": False}
         response = httpx.post(f"{short.base_url}/v1/completions", json=body, timeout=30)
         assert response.status_code == 504, response.text

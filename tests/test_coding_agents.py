@@ -25,7 +25,7 @@ from bench.agent_proxy import AgentProxy, ForcedCall
 from bench.agents import BIN, AgentMissing, Session, binary
 from bench.agents import run as run_session
 from launcher.local_cluster import Cluster
-from tests.support.api_server import running_api, wait_ready
+from tests.support.api_server import api_over
 from tests.support.long_context_model import REPLY, write_long_context_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -47,9 +47,7 @@ def api(tmp_path_factory):
     with Cluster(model, ranks=2, workdir=work / "cluster") as cluster:
         status = cluster.status()
         assert status.max_sequence_length == 65536  # the model's own context
-        socket = {"SOCKET_PATH": str(cluster.socket_path)}
-        with running_api(socket, work / "api.log") as process:
-            wait_ready(process.base_url)
+        with api_over(cluster, work / "api.log") as process:
             yield process
 
 

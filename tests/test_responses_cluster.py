@@ -16,9 +16,8 @@ import jsonschema_rs
 import openai
 import pytest
 
-from launcher.local_cluster import Cluster
 from tests.support.agent_requests import WEATHER
-from tests.support.api_server import running_api, wait_ready
+from tests.support.api_server import cluster_with_api
 from tests.support.tiny_models import AGENT_CALLS, AGENT_THOUGHT, write_agent_model
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -40,12 +39,8 @@ CONTEXT = 1024
 def api(tmp_path_factory):
     work = tmp_path_factory.mktemp("responses-cluster")
     model = write_agent_model(work / "tiny-agent")
-    env = {"MAX_SEQUENCE_LENGTH": str(CONTEXT)}
-    with Cluster(model, ranks=2, env=env, workdir=work / "cluster") as cluster:
-        socket = {"SOCKET_PATH": str(cluster.socket_path)}
-        with running_api(socket, work / "api.log") as process:
-            wait_ready(process.base_url)
-            yield process
+    with cluster_with_api(model, work, env={"MAX_SEQUENCE_LENGTH": str(CONTEXT)}) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from ipc.client import RankClient
 from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
 from launcher.local_cluster import Cluster
-from tests.support.api_server import running_api, wait_ready
+from tests.support.api_server import api_over
 from tests.support.tiny_families import write_family_model
 from tests.support.tiny_models import write_tiny_model
 
@@ -79,9 +79,7 @@ def answers(cluster: Cluster) -> dict[str, tuple[list[int], Done]]:
 
 def figures_through_the_api(cluster: Cluster) -> None:
     """api.py shows the figures: a response's performance, /metrics, /cluster/status."""
-    env = {"SOCKET_PATH": str(cluster.socket_path)}
-    with running_api(env, cluster.workdir / "api.log") as api:
-        wait_ready(api.base_url)
+    with api_over(cluster, cluster.workdir / "api.log") as api:
         model = cluster.status().model_id
         body = {"model": model, "prompt": "abcabcabc abcabc", "max_tokens": TOKENS}
         reply = httpx.post(f"{api.base_url}/v1/completions", json={**body, "temperature": 0})

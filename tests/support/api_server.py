@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from launcher.local_cluster import Cluster
+
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -103,3 +105,30 @@ def running_api(env: dict[str, str], log_path: Path) -> Iterator[ApiProcess]:
         yield api
     finally:
         api.stop()
+
+
+@contextmanager
+def api_over(
+    cluster: Cluster, log_path: Path, env: dict[str, str] | None = None
+) -> Iterator[ApiProcess]:
+    """api.py in front of `cluster`'s rank 0, ready; `env`: more of its settings."""
+    with running_api({"SOCKET_PATH": str(cluster.socket_path)} | (env or {}), log_path) as api:
+        wait_ready(api.base_url)
+        yield api
+
+
+@contextmanager
+def cluster_with_api(
+    model: Path,
+    workdir: Path,
+    ranks: int = 2,
+    env: dict[str, str] | None = None,
+    api_env: dict[str, str] | None = None,
+) -> Iterator[ApiProcess]:
+    """Real ranks of `model` (settings `env`) under `workdir`, and api.py in front of them
+    (settings `api_env`), ready: the API that the cluster tests talk to."""
+    with (
+        Cluster(model, ranks=ranks, env=env, workdir=workdir / "cluster") as cluster,
+        api_over(cluster, workdir / "api.log", api_env) as api,
+    ):
+        yield api

@@ -1,0 +1,54 @@
+"""What every benchmark's command sets up the same way: its common options (the bench's
+model cache, the load average it waits under), the environment its servers run with (the
+model resolved into that cache, OpenBLAS preloaded as the ranks preload it), and its
+report written as Markdown with the JSON beside it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from launcher.cpu_layer import preload
+
+CACHE_DIR = Path.home() / ".cache" / "mlx-ring-bench"
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--cache-dir and --max-load, as every benchmark takes them."""
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
+    parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")
+
+
+def bench_environment(cache_dir: Path, **settings: str) -> dict[str, str]:
+    """This process's environment with `settings`, the model cache and OpenBLAS preloaded
+    (the few-row kernel is each server's own choice); MODEL empty unless given."""
+    env = os.environ.copy() | {"MODEL": "", "MODEL_CACHE_DIR": str(cache_dir)} | settings
+    return env | preload(env, few_rows=False)
+
+
+def write_report(path: Path, text: str, results: Any) -> None:
+    """The Markdown report at `path` and its figures as JSON beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def run_each(
+    ranks: list[int],
+    run: Callable[[int], Any],
+    render: Callable[[dict[int, Any], str], str],
+    path: Path,
+) -> int:
+    """`run` at each rank count, the results rendered (with the time they started) and
+    printed, and written to `path`; the command's exit status."""
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results = {count: run(count) for count in ranks}
+    text = render(results, started)
+    print(text)
+    write_report(path, text, results)
+    return 0
