@@ -12,7 +12,7 @@ MLX has no all_to_all and none is needed: every rank already holds every token.
 Why evaluate the routing: gather_mm does the matmul of every pair it is given, so the
 alternative (send other ranks' pairs to an all-zero dummy expert, no sync) costs a rank
 nearly the whole model's expert compute; computing only local pairs halved a rank's MoE time
-at 2 ranks (docs/ARCHITECTURE.md, Expert parallelism).
+at 2 ranks (docs/ARCHITECTURE.md, "Expert parallel without all_to_all").
 """
 
 from __future__ import annotations

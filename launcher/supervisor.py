@@ -10,7 +10,7 @@ SIGTERM) and on a connection to rank 0 that turns readable when rank 0 ends. A j
 ends is started again after a backoff, until a crash loop (launcher/restart_policy.py);
 remote workers are reached before each start (launcher/degraded.py); api.py is started
 again alone. Its state goes to run/supervisor.json (ipc/supervisor_state.py). The
-decisions: docs/ARCHITECTURE.md, "Supervision".
+decisions: docs/ARCHITECTURE.md, "Failure and supervision".
 """
 
 from __future__ import annotations
