@@ -1,4 +1,4 @@
-"""The transfer's wire format, shared by the first host's sender (acquisition/send.py) and
+"""The transfer's wire format, shared by the first host's sender (launcher/model_sender.py) and
 a worker's receiver (acquisition/receive.py). Standard library only.
 
 Control runs over the one SSH session the sender opens to the worker, as JSON lines: the

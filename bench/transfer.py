@@ -5,7 +5,7 @@ against the whole model (MODEL_TRANSFER=full, and `scp -r` over SSH as the seeds
 The model has Qwen3-0.6B's shape (hidden 1024, 28 layers, 16 query / 8 KV heads of 128,
 MLP 3072, vocabulary 151936, tied embeddings) with random bfloat16 weights: 1.19 GB. Each
 run starts from empty worker caches and runs one sender per worker at once, as the
-supervisor does before a start (acquisition/send.py, TRANSFER_STREAMS streams each); a
+supervisor does before a start (launcher/model_sender.py, TRANSFER_STREAMS streams each); a
 second run of the share shows what the next start costs (nothing sent, the share checked).
 
     sudo .venv/bin/python -m bench.transfer [--work DIR] [--streams 4] [--json OUT]

@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     distributed_backend: Literal["ring", "jaccl", "mpi", "any"] = "ring"
     parallelism: Parallelism = "auto"
     rank_weights: Annotated[RankWeights, NoDecode] = None
-    # Remote mode: what each worker receives from the first host (acquisition/send.py)
+    # Remote mode: what each worker receives from the first host (launcher/model_sender.py)
     model_transfer: Literal["share", "full"] = "share"
     transfer_streams: int = Field(default=4, ge=1, le=32)
 

@@ -137,8 +137,8 @@ def make_plan(
     crowded = crowded_host(hosts) if hosts and parallelism == "auto" else None
     if use_tensor and crowded and not pipeline_refusal:
         # Ranks that take turns on the cores wait for each other twice a layer in tensor
-        # parallel: a decode step of the default model took 428 ms with 3 local ranks on
-        # 2 cores, 124 ms pipeline parallel.
+        # parallel: with more local ranks than cores a decode step took several times as
+        # long as pipeline parallel (docs/BENCHMARKS.md, "Figures behind the code").
         name, count, cores = crowded
         plan = _pipeline_plan(shape, world_size, weights, parallelism, family.mlx_lm_pipeline)
         plan.note = (

@@ -1,5 +1,5 @@
 """One rank's share of a model as files of its own: what the first host sends a worker
-(acquisition/send.py) and how that worker's rank loads it.
+(launcher/model_sender.py) and how that worker's rank loads it.
 
 The share is exactly what the loader would hold: the first host loads the model lazily,
 runs the loader's own split (distributed/splitting.py) for the worker's rank with a

@@ -93,9 +93,10 @@ def speed_from_record(record: dict[str, Any]) -> Speed:
 
 
 def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Machine, ...]:
-    """Every rank's machine: ranks on one host share its record, the median of theirs (3
-    ranks taking turns on 2 cores measured 5, 11 and 17 GB/s at one row, each alone;
-    their median is what one of them gets)."""
+    """Every rank's machine: ranks on one host share its record, the median of theirs
+    (ranks taking turns on fewer cores measured widely different rates at one row, each
+    alone; their median is what one of them gets; docs/BENCHMARKS.md, "Figures behind
+    the code")."""
     out = []
     for host in hosts:
         mine = [r["machine"] for r, h in zip(records, hosts, strict=True) if h.host == host.host]

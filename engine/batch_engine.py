@@ -40,8 +40,9 @@ PHASE_DECODE = 1
 # A prompt's last chunk longer than this fills the cache with all but its last token, then
 # runs that token alone for the logits: MLX computes only what is read, so the last layer's
 # attention and MLP for the chunk's other rows are never computed (as in mlx-lm's own
-# prefill). Claude Code's 12K-token first request on a one-layer model took 1.08 s to its
-# first token in one 2048-token forward (2026-11-25, one rank; mlx_lm.server 0.16 s).
+# prefill). A long agent prompt's first token came several times later than mlx_lm.server's
+# when its whole last chunk went through one forward (docs/BENCHMARKS.md, "Figures behind
+# the code").
 LAST_TOKEN_ALONE = 32
 
 

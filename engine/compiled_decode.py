@@ -12,19 +12,16 @@ offsets and left padding as arrays:
   past each query's position (masked scores weigh exactly 0);
 - buffers are kept at a multiple of STEP positions, so one trace serves a batch size for
   STEP tokens (a batch size is its own bucket: padding rows to a bucket would cost their
-  whole forward on a CPU). STEP is 64, not
-  BatchKVCache's 256: attention over unused positions is not free (batch 8, this
-  machine's CPU: 105 ms a step eager at a 40-token context, 116 compiled over 256
-  positions), and a new shape costs one trace and its kernels once (80-150 ms).
+  whole forward on a CPU). STEP is 64, not BatchKVCache's 256: attention over unused
+  positions is not free (a compiled step over 256 positions was slower than an eager one
+  at a short context), and a new shape costs one trace and its kernels once.
 
 It applies where every layer's decode cache is a plain BatchKVCache and nothing in the
 forward evaluates (pipeline stages and expert routing do): elsewhere, and when a trace
-fails, the step runs eagerly. Measured with bench/compiled_decode.py and bench/step_time.py
-(docs/BENCHMARKS.md): compiling fuses each layer's elementwise work (norms, RoPE, the
-activation, the softmax), which on MLX's CPU backend is a kernel launch per operation.
-A speculative step of 5 positions: 106-114 ms compiled, 116-125 eagerly, against 69-81 ms
-for a plain step compiled (2026-11-26, one rank, a 600-token context, `bench.engine_steps
---batch 1 --prompt 600 --draft 4 [--eager]`).
+fails, the step runs eagerly. Compiling fuses each layer's elementwise work (norms, RoPE,
+the activation, the softmax), which on MLX's CPU backend is a kernel launch per operation:
+a speculative step is faster compiled than eagerly, though dearer than a plain compiled
+step (docs/BENCHMARKS.md, "Figures behind the code").
 """
 
 from __future__ import annotations
@@ -44,14 +41,14 @@ log = logging.getLogger(__name__)
 
 STEP = 64  # positions a buffer grows by
 # Each shape (rows, positions, buffer) is traced once, by an mx.compile of its own, and
-# MLX keeps a trace as long as its function lives: about 2.7 MB of this process's heap
-# each on the CPU (the default model, one rank: 100 traces held 268 MB). A long context
-# and speculation's widths would make their number grow without bound, so at most
-# MAX_TRACES are kept, the least recently used dropped first (a dropped shape that comes
-# back is traced again, 80-150 ms). A dropped trace's memory stays resident in glibc's
-# heaps until the rank gives their free pages back (engine/memory_report.py, every 10 s
-# of work). The plan counts MAX_TRACES traces in each rank's memory
-# (distributed/overhead.py, where MAX_TRACES is set).
+# MLX keeps a trace as long as its function lives, each holding megabytes of this process's
+# heap on the CPU. A long context and speculation's widths would make their number grow
+# without bound, so at most MAX_TRACES are kept, the least recently used dropped first (a
+# dropped shape that comes back is traced again). A dropped trace's memory stays resident
+# in glibc's heaps until the rank gives their free pages back (engine/memory_report.py,
+# every UPKEEP_S of work). The plan counts MAX_TRACES traces in each rank's memory
+# (distributed/overhead.py, where MAX_TRACES is set; docs/BENCHMARKS.md, "Figures behind
+# the code").
 
 
 class _Slot:

@@ -1,12 +1,12 @@
 """Attention for MLX's CPU backend: the same result as mx.fast.scaled_dot_product_attention,
-two to three times faster there at long contexts.
+faster there at long contexts.
 
 On the CPU, MLX's fused attention runs one small matmul per query head and a scalar exp;
-at a 1,600-token context that made attention most of the time a token takes (SmolLM2,
-30 layers: 1.4 ms a layer to decode one token, 11 ms for a 22-token prompt suffix). Here:
-- grouped-query heads fold into the rows of one matmul per KV head (1.4 -> 0.5 ms);
+at a long context that made attention most of the time a token takes (docs/BENCHMARKS.md,
+"Figures behind the code"). Here:
+- grouped-query heads fold into the rows of one matmul per KV head;
 - the softmax's exponential is 2^(x log2 e) through mx.power, which MLX's CPU backend
-  vectorizes: 2.4x faster than mx.exp on this machine, as accurate (3.7e-6 relative, both);
+  vectorizes: faster than mx.exp, and as accurate;
 - masked scores are float32's lowest value, not -inf, so a row with nothing to attend to
   (a left-padded position) averages instead of turning into NaN.
 
@@ -23,10 +23,9 @@ import mlx.core as mx
 
 LOG2E = 1.4426950408889634
 # Scores one block of query rows holds (per batch row, all heads). A 2,048-token chunk
-# against a long cache would otherwise hold 2048 x L x heads float32 scores a layer; an 8K
-# prompt (4 layers, tests/support/long_context_model.py) prefilled in 4.9-5.3 s in chunks
-# of 2,048 in blocks of 2^20 scores, 5.4-6.2 s in blocks of 2^22, 5.7-6.4 s in unblocked
-# chunks of 256 (2026-11-25, AMD EPYC, 2 cores).
+# against a long cache would otherwise hold 2048 x L x heads float32 scores a layer; a long
+# prompt prefilled fastest in chunks of 2,048 in blocks of 2^20 scores, ahead of larger
+# blocks and of unblocked smaller chunks (docs/BENCHMARKS.md, "Figures behind the code").
 SCORE_ELEMENTS = 1 << 20
 _mlx_attention = mx.fast.scaled_dot_product_attention
 

@@ -2,22 +2,20 @@
 
 nn.Linear keeps its weight [out, in] and computes x @ W.T; on the CPU that is a BLAS call
 with the weight transposed, and OpenBLAS's kernel for it reads memory slower than the one
-for a weight already laid out [in, out] (this machine, 2 OpenBLAS threads, one token:
-the default model's 49152 x 576 tied head 6.5 -> 4.3 ms, a layer's seven projections
-731 -> 646 us; 8 tokens: 13.6 -> 10.7 ms and 1534 -> 1435 us). Same products, same
-results (bitwise, in those measurements).
+for a weight already laid out [in, out] (the default model's 49152 x 576 tied head and a
+layer's seven projections, at one token and at 8). Same products, same results (bitwise,
+in those measurements).
 
 Which is faster for the layers depends on the BLAS kernels, the threads and the batch.
-On an AVX-512 Xeon (OpenBLAS 0.3.21's Cooperlake kernels, 2026-11-25, the engine's own
-steps): one rank with 2 threads decoded batch 8 in 87-88 ms with the layers [out, in]
-against 96-98 ms [in, out], batch 1 and prefill the same; two ranks of one thread took
-48.4 against 44.6 ms a batch-1 step. On 2026-11-24's CPU (SSE3 and AVX2
-kernels) [in, out] was 15-19% faster at batch 8. The head was faster [in, out] in every
-measurement. So the head is always stored [in, out], and the layers by LINEAR_LAYOUT:
-`plain` (the default since native/sgemm_rows.c: it multiplies a decode step's few rows
-against [out, in] itself, 74 against 102 ms a batch-8 step transposed at one rank) or
-`transposed`. Timing each shape's products at load did not predict the step
-(docs/BENCHMARKS.md, 2026-11-25 later) and is not done.
+On an AVX-512 Xeon (OpenBLAS 0.3.21's Cooperlake kernels, the engine's own steps), one
+rank with 2 threads decoded batch 8 faster with the layers [out, in], batch 1 and prefill
+the same, while two ranks of one thread took a batch-1 step faster [in, out]; on a CPU
+with SSE3 and AVX2 kernels [in, out] was faster at batch 8. The head was faster [in, out]
+in every measurement. So the head is always stored [in, out], and the layers by
+LINEAR_LAYOUT: `plain` (the default since native/sgemm_rows.c: it multiplies a decode
+step's few rows against [out, in] itself, a batch-8 step faster than transposed at one
+rank) or `transposed`. Timing each shape's products at load did not predict the step and
+is not done (docs/BENCHMARKS.md, "Figures behind the code").
 
 `transpose_linears(model, layout)` swaps the head (an lm_head nn.Linear, or the
 nn.Embedding of a model that ties its head to it) and, for `transposed`, every other plain

@@ -3,14 +3,14 @@
 MLX's CPU backend allocates its buffers with malloc, and the nodes of every compiled trace
 too. glibc keeps what is freed in its heaps for reuse and returns only the top of a heap
 to the system, so memory freed in the middle (a dropped trace's thousands of small nodes,
-the KV of finished requests) stays in the process's resident memory. Measured on the
-default model, one rank: 100 traces held 268 MB; compiled anew every 20 traces over 1,200
-steps, the heaps kept 98 MB free but resident, and malloc_trim gave 93 MB of it back
-(docs/BENCHMARKS.md, "Memory under agent traffic"); under agent traffic the heaps of rank
-0 kept 1,156 MiB free after 5 minutes (engine/memory_report.py). `release_freed` calls
-malloc_trim(0), which returns every free page of every heap to the system; elsewhere
-(macOS's allocator returns freed pages by itself) it does nothing. `limit_buffer_cache` bounds the
-buffers MLX itself keeps (distributed/overhead.py counts them).
+the KV of finished requests) stays in the process's resident memory. Measured: traces
+compiled anew over many steps left the heaps holding much free but resident memory, and
+malloc_trim gave nearly all of it back; under agent traffic rank 0's heaps kept more free
+than its live arrays held (docs/BENCHMARKS.md, "Memory under agent traffic" and "Figures
+behind the code"; engine/memory_report.py). `release_freed` calls malloc_trim(0), which
+returns every free page of every heap to the system; elsewhere (macOS's allocator returns
+freed pages by itself) it does nothing. `limit_buffer_cache` bounds the buffers MLX itself
+keeps (distributed/overhead.py counts them).
 """
 
 from __future__ import annotations

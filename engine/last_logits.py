@@ -2,9 +2,9 @@
 
 A model's forward computes logits for every position it is given, so a prefill chunk of
 256 tokens multiplied 256 hidden states by the head (SmolLM2: 49152 x 576) to keep one
-row: 12-15% of a prefill on this machine's CPU (8 prompts of 64 tokens 2964 -> 2531 ms,
-one of 512 tokens 3767 -> 3269 ms). Sharded heads already take the last position
-(distributed/vocab_parallel.py, the pipeline stages); `head_on_last_position(model)`
+row: a sizeable share of a prefill on the CPU, for batched short prompts and one long one
+alike (docs/BENCHMARKS.md, "Figures behind the code"). Sharded heads already take the last
+position (distributed/vocab_parallel.py, the pipeline stages); `head_on_last_position(model)`
 wraps an unsplit model's head, or a tied head's embedding, the same way.
 """
 

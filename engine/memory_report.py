@@ -6,11 +6,10 @@ compiled decode's traces.
 
 Why the upkeep: MLX's CPU backend allocates its buffers with malloc, and a decode step's
 KV buffers grow by 64 positions at a time, so every size is new and the freed ones leave
-holes glibc keeps resident. In an agent soak (6 clients, 2 ranks, the default model) rank
-0's heap held 1,156 MiB free after 5 minutes, beside 1,121 MiB of live arrays: the growth
-beyond weights, KV and the prefix cache that issue 37 measured (docs/BENCHMARKS.md,
-"Memory under agent traffic"). The agent soak (tests/test_agent_soak.py) prints the
-ranks' last lines.
+holes glibc keeps resident. In an agent soak rank 0's heap held more free memory than its
+live arrays took within minutes: the growth beyond weights, KV and the prefix cache that
+issue 37 measured (docs/BENCHMARKS.md, "Memory under agent traffic" and "Figures behind
+the code"). The agent soak (tests/test_agent_soak.py) prints the ranks' last lines.
 """
 
 from __future__ import annotations

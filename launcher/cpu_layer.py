@@ -2,16 +2,17 @@
 
 MLX's Linux CPU wheel ships a slow reference BLAS. On a host where MLX computes on its CPU
 device (`applies()`: Linux, x86_64, no Metal or CUDA device) this module owns all of:
-- the preload (`preload`): Debian's OpenBLAS (`libopenblas0-pthread`; float32 matmul about
-  80x faster), and in front of it native/sgemm_rows.c, our sgemm for a few rows of
-  activations (decode steps), unless NATIVE_KERNELS=off;
+- the preload (`preload`): Debian's OpenBLAS (`libopenblas0-pthread`; float32 matmul many
+  times faster: docs/BENCHMARKS.md, "Figures behind the code"), and in front of it
+  native/sgemm_rows.c, our sgemm for a few rows of activations (decode steps), unless
+  NATIVE_KERNELS=off;
 - OpenBLAS's kernels (`kernels`): OPENBLAS_CORETYPE where the library does not know the CPU;
 - building native/sgemm_rows.c (`build`), once per source version and kind of CPU;
 - the line each rank logs about it (`in_use`). server.py stores the layers by
   LINEAR_LAYOUT (engine/cpu_linear.py) only where `applies()`.
 A Linux host whose MLX runs on CUDA gets none of it, whatever files it has.
 
-The gate asks MLX itself (`import mlx.core`, about 40 ms here) after the cheap checks
+The gate asks MLX itself (`import mlx.core`, far dearer) after the cheap checks
 (platform, machine); it runs where ranks are started (`launcher.command exec`, `blas-env`,
 the tests' and benchmarks' clusters), never in the API process or the supervisor. Those
 ask nothing: `threads` (OpenBLAS threads per local rank) is only a number for whichever
@@ -53,8 +54,9 @@ CPUINFO = Path("/proc/cpuinfo")
 SWITCH = "NATIVE_KERNELS"  # config/settings.py's native_kernels: auto | off
 # OpenBLAS picks its kernels by CPU model, and one older than the CPU falls back to its
 # SSE3 "Prescott" kernels: Debian 12's 0.3.21 on a Xeon of family 6, model 207 (AVX-512)
-# multiplied float32 at 33 GFLOPS a core, and at 167 with the "SkylakeX" kernels it has
-# (OPENBLAS_CORETYPE); a batched prefill ran 2.6x faster. Kernels by the CPU's flags:
+# multiplied float32 several times faster with the "SkylakeX" kernels it has
+# (OPENBLAS_CORETYPE), and a batched prefill ran faster (docs/BENCHMARKS.md, "Figures
+# behind the code"). Kernels by the CPU's flags:
 KERNELS = (
     ("SkylakeX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
     ("Haswell", {"avx2", "fma"}),
@@ -114,7 +116,8 @@ def threads(local_ranks: int, environ: Environ = os.environ) -> dict[str, str]:
     """OpenBLAS threads for ranks that share this machine's cores (unless already set).
 
     OpenBLAS starts one busy-waiting thread per core in every rank, so local ranks fight
-    over the cores: 2 ranks on 2 cores decoded 2.3x slower with its default threads.
+    over the cores: ranks sharing the cores decoded far slower with its default threads
+    (docs/BENCHMARKS.md, "Figures behind the code").
     """
     if local_ranks <= 1 or "OPENBLAS_NUM_THREADS" in environ:
         return {}

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from acquisition.identity import ModelIdentity, identify
-from acquisition.send import ask_inventory
-from acquisition.share_source import Offer, full_offer, share_offer
 from config.settings import Settings
 from distributed.plan import Plan
 from launcher.hostfile import worker_destinations
+from launcher.model_sender import ask_inventory
+from launcher.share_source import Offer, full_offer, share_offer
 
 
 def _size(count: int) -> str:

@@ -1,5 +1,5 @@
 """Before each remote start, every worker of the job gets its part of the model from this
-host: the supervisor runs one sender per worker (acquisition/send.py), all at once, and
+host: the supervisor runs one sender per worker (launcher/model_sender.py), all at once, and
 turns their JSON lines into the start's progress, supervisor.log lines and the state that
 `./launch.sh status`, /cluster/status and the dashboard show.
 
@@ -152,7 +152,7 @@ class Transfers:
             argv = [
                 sys.executable,
                 "-m",
-                "acquisition.send",
+                "launcher.model_sender",
                 "--model-dir",
                 str(self.model_dir),
                 "--rank",
@@ -262,7 +262,7 @@ def send_model(
         transfers.start(active, hosts)
     except (ConnectionError, ValueError, OSError, HostfileError) as exc:
         return f"could not start the model transfer: {exc}", environ
-    say("==> Model: each worker receives its part from this host (acquisition/send.py)")
+    say("==> Model: each worker receives its part from this host (launcher/model_sender.py)")
     try:
         while transfers.running() and not stopped():
             wait(0.5)

@@ -1,9 +1,9 @@
 """Rank 0's burst window: the requests that follow one to an idle cluster join its first
 step, so a burst of clients prefills in one forward.
 
-Requests of one burst reach rank 0 a few ms apart (8 clients sending at once: the API saw
-the last 3-17 ms after the first, docs/BENCHMARKS.md), while a step that takes only those
-already there prefills them for 0.3-1 s before the rest can start. So a request that finds
+Requests of one burst reach rank 0 a few ms apart, while a step that takes only those
+already there prefills them for far longer before the rest can start (docs/BENCHMARKS.md,
+"Figures behind the code"). So a request that finds
 the cluster idle waits for the next one up to BURST_GAP_S, and for all of them up to
 BURST_WINDOW_MS.
 """

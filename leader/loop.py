@@ -73,9 +73,10 @@ class Leader:
     last_work: float = field(default_factory=time.monotonic)  # the last step (keep-warm timer)
     sleeping: bool = True  # the workers wait on the wake channel
     # On MLX's CPU backend `engine.start` computes most of the step before it returns
-    # (`build` is 80% of the step, bench/step_time.py), so text streamed after it reached
-    # the clients a step late: a later agent turn's first token waited 90-120 ms for the
-    # next step's build. There the text goes out first; on a GPU, while the step computes.
+    # (`build` is most of the step), so text streamed after it reached the clients a step
+    # late: a later agent turn's first token waited for the next step's build
+    # (docs/BENCHMARKS.md, "Figures behind the code"). There the text goes out first; on a
+    # GPU, while the step computes.
     stream_before_start: bool = field(default_factory=on_cpu_backend)
 
     def __post_init__(self) -> None:
@@ -276,7 +277,8 @@ class Leader:
         if scheduler.prefill_budget is not None and warm is None:
             # the whole step, as the answers' inter-token latency sees it; a speculative
             # step's decode part counts as rows x positions (skipping those steps starved
-            # a 32K-token prompt beside 4 speculating answers: no credit in 300 s)
+            # a long prompt beside speculating answers of all credit; docs/BENCHMARKS.md,
+            # "Figures behind the code")
             scheduler.prefill_budget.observe(
                 len(plan.tokens) * width,
                 result.prefill_forwards,

@@ -25,10 +25,10 @@ log = logging.getLogger("ring.prefix")
 # that saves it at least this many prompt tokens (else it prefills them itself).
 HOLD_FOR_TOKENS = 64
 # Short prompts admitted together prefill in one batched forward only where their rests
-# have one width (engine/batch_engine.py). Measured here on the CPU (6 prompts of 43 tokens
-# after a cached prefix, one thread): batched 6.9 ms a token against 8.1 one by one with
-# OpenBLAS's SSE3 kernels, 2.7 against 5.1 with its AVX-512 ones. So a burst recomputes
-# cached tokens to reach one width where that adds at most a quarter to its tokens.
+# have one width (engine/batch_engine.py). On the CPU, short prompts after a cached prefix
+# took less time a token batched than one by one, with OpenBLAS's SSE3 kernels and more so
+# with its AVX-512 ones (docs/BENCHMARKS.md, "Figures behind the code"). So a burst
+# recomputes cached tokens to reach one width where that adds at most a quarter to its tokens.
 BURST_EXTRA = 1.25
 
 

@@ -11,7 +11,8 @@ every step instead jumped to the latest repeat of short, common n-grams (a line'
 indentation and `return`), away from the copy the answer was following.
 
 The history is an int32 array searched with numpy when needed: a dictionary of every
-n-gram took 35 ms to build for a 12,500-token prompt and tens of MB a row.
+n-gram was slow to build for a long prompt and took much memory a row (docs/BENCHMARKS.md,
+"Figures behind the code").
 """
 
 from __future__ import annotations

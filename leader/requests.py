@@ -145,8 +145,9 @@ class Requests:
 
     def keep_warm(self) -> None:
         """Queue a one-token request of rank 0's own. After minutes of idle the machine may
-        let the model's memory go cold (measured: the next first token took 1.75x as long
-        after 10 minutes idle, 1.02x with this every 60 s); every rank steps it."""
+        let the model's memory go cold (measured: the next first token took much longer
+        after a long idle, about as long with this; docs/BENCHMARKS.md, "Figures behind
+        the code"); every rank steps it."""
         params = SamplingParams(max_tokens=1, temperature=0.0)
         self.submit(KEEP_WARM, Submit(id="keep-warm", prompt="Hello", params=params))
 

@@ -2,14 +2,10 @@
 
 MLX's CPU backend calls cblas_sgemm for every matmul, also for a decode step's few rows of
 activations (one per request). OpenBLAS 0.3.21 (Debian 12) packs both operands for sgemm
-however few the rows, and spends more time packing than multiplying. Measured on this
-project's 2-core Xeon, SmolLM2-135M's 210 layer products (538 MB of float32 weights
-[out, in]), 2 threads:
-
-    rows                         1      2      4      8     16
-    OpenBLAS sgemm (ms)         36     40     48     49     52
-    one OpenBLAS sgemv a row  17.5     26     34      -      -
-    dot_rows below (ms)       16.8   18.7   23.6   32.6   48.4
+however few the rows, and spends more time packing than multiplying. Over a model's layer
+products (float32 weights [out, in]), dot_rows below beat OpenBLAS's sgemm at every row
+count up to ROWS (by the most at one row), and one OpenBLAS sgemv a row wherever that was
+measured (docs/BENCHMARKS.md, "Figures behind the code").
 
 So a product of at most ROWS rows against a weight stored [out, in] (x @ W.T, the
 transposed-B call) runs dot_rows: each weight row is read once, as a stream, and dotted
@@ -17,12 +13,11 @@ with every activation row, the output columns split among this library's threads
 a weight stored [in, out] (x @ W: the output head) one row goes to OpenBLAS's sgemv, whose
 kernel reads that layout as fast, and 2 to ROWS rows run panel_rows, which reads the weight
 once for all of them (OpenBLAS's sgemm or one sgemv a row read it once a row). A speculative
-step (a row's next token and its proposals) is such a product. 2026-11-26, AMD EPYC (AVX2),
-2 threads, SmolLM2-135M's 49152 x 576 head [in, out]: 1, 2, 5, 8 rows 4.8-6.1, 5.6-6.5,
-8.3-10.3, 16.6 ms, against OpenBLAS's 5.6-7.3, 13.0-15.2, 20.1-21.1, 19.6-20.4; and a
-1536 x 576 layer [out, in]: 1, 5, 8 rows 91-141, 176-191, 291-330 us. Other few-row
-products (A transposed) make one OpenBLAS sgemv a row up to SGEMV_ROWS rows, and everything
-else goes on to OpenBLAS. Results differ from sgemm's by summation order only.
+step (a row's next token and its proposals) is such a product: its rows took less time
+than OpenBLAS's on a 49152 x 576 head [in, out], and far less than their number times one
+row's on a 1536 x 576 layer [out, in] (docs/BENCHMARKS.md, "Figures behind the code").
+Other few-row products (A transposed) make one OpenBLAS sgemv a row up to SGEMV_ROWS rows,
+and everything else goes on to OpenBLAS. Results differ from sgemm's by summation order only.
 
 Threads: as many as OpenBLAS's own (OPENBLAS_NUM_THREADS, which launcher/cpu_layer.py sets
 per rank), the caller and helpers that spin for 200 us after a product (the next one of a
@@ -66,7 +61,7 @@ unsigned long mlx_ring_sgemm_rows_calls, mlx_ring_sgemm_rows_helped;
 /* One vector register's floats, and the rows of A a block takes: 2 x BLOCK accumulators, two
    weight vectors and one row's vector stay in the registers (16 on AVX2, 32 on AVX-512).
    With 16-float vectors on AVX2 (two registers each) 5 rows spilled, and a product of 5
-   rows cost 3.7x one row (2026-11-26, AMD EPYC, 1536 x 576: 1265 against 344 us). */
+   rows cost several times one row (docs/BENCHMARKS.md, "Figures behind the code"). */
 #if defined(__AVX512F__)
 typedef float vec __attribute__((vector_size(64), aligned(4)));
 enum { LANES = 16, BLOCK = 8 };
@@ -191,7 +186,7 @@ waits only for chunks a helper is computing. A helper that is not on a core (the
 busy with other processes) takes nothing, and the caller computes alone instead of
 waiting for it. Waiting helpers yield the core between spins: without that, a helper
 spinning through a step kept api.py off the second core, and a client's tokens came
-42.5 ms apart instead of 37.4 (1 rank, bench.compare, 2026-11-25). */
+further apart (docs/BENCHMARKS.md, "Figures behind the code"). */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define RELAX() __builtin_ia32_pause()

@@ -39,6 +39,9 @@ NEVER = {
     "leader": ("gateway", "launcher", "bench", "server", "api"),
     "gateway": ("engine", "leader", "distributed", "server"),
     "distributed": ("engine", "leader", "ipc", "gateway", "server"),
+    # below distributed/ (its loader resolves MODEL): the first host's sender, which plans
+    # the shares, is the launcher's
+    "acquisition": ("distributed", "engine", "leader", "gateway", "launcher", "server"),
 }
 # Files allowed over MAX_LINES, each with the reason (keep this empty where possible).
 ALLOWED_LONG: dict[str, str] = {}

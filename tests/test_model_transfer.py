@@ -1,6 +1,6 @@
 """The first host sends each worker its share of the model, over real SSH and the namespace
 link, to workers whose model cache is an empty disk of their own
-(tests/support/transfer_hosts.py): acquisition/send.py runs as the supervisor runs it.
+(tests/support/transfer_hosts.py): launcher/model_sender.py runs as the supervisor runs it.
 
 Always on: shares of a dense model (tensor, 2 ranks), an MoE model (heads and experts,
 3 ranks, weights 2,1,1) and a pipeline (3 ranks) land whole, their bytes on each worker's

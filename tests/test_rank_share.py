@@ -1,4 +1,4 @@
-"""A worker's share, as the first host writes it (acquisition/share_source.py) and the worker
+"""A worker's share, as the first host writes it (launcher/share_source.py) and the worker
 loads it (distributed/rank_share.py), holds exactly the arrays the loader's own split gives
 that rank from the whole model: same names, shapes, dtypes and bytes, for tensor, expert
 and pipeline plans at 2 and 3 ranks, even and uneven, float and quantized, and for families
@@ -16,11 +16,11 @@ import mlx.core as mx
 import pytest
 
 from acquisition.identity import identify
-from acquisition.share_source import Offer, share_offer
 from acquisition.wire import BLOCK_BYTES, block_length, blocks_of
 from distributed.plan import Plan, make_plan
 from distributed.rank_share import META_FILE, ShareMismatch, load_share, rank_parameters
 from distributed.splitting import StandInGroup, parameters
+from launcher.share_source import Offer, share_offer
 from tests.support.tiny_families import write_family_model
 from tests.support.tiny_models import write_tiny_model
 

@@ -1,6 +1,6 @@
 """What the supervisor makes of its senders' lines (launcher/transfer.py) while the model is
 on its way to the workers: the start's output, and the state `./launch.sh status`, /health
-and the dashboard read (ipc/supervisor_state.py). The lines are those acquisition/send.py
+and the dashboard read (ipc/supervisor_state.py). The lines are those launcher/model_sender.py
 prints (tests/test_model_transfer.py runs it for real)."""
 
 from __future__ import annotations

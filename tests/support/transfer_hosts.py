@@ -2,7 +2,7 @@
 namespaces, where each worker's model cache and the directory of the test's models are
 private (an empty disk of the worker's own), each REMOTE_DIR holds a copy of the project
 and a hardlinked .venv (no PyPI in the namespaces), and the first host's sender
-(acquisition/send.py) runs as the supervisor runs it, over the real SSH and the namespace
+(launcher/model_sender.py) runs as the supervisor runs it, over the real SSH and the namespace
 link."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def sender(
 ) -> subprocess.Popen[str]:
     """The sender of `worker`'s part (its rank: the worker's number unless given)."""
     argv = [
-        sys.executable, "-m", "acquisition.send", "--model-dir", str(model_dir),
+        sys.executable, "-m", "launcher.model_sender", "--model-dir", str(model_dir),
         "--rank", str(rank or worker.index), "--hosts", rank_hosts(world),
         "--dest", f"root@{worker.address}", "--remote-dir", str(worker.remote_dir),
         "--address", worker.address, "--streams", env.get("TRANSFER_STREAMS", "4"),

@@ -1,7 +1,7 @@
 """The first host's sender: one worker's share (or, MODEL_TRANSFER=full, the whole model),
 over the cluster's own link. The supervisor runs one per worker before each start:
 
-    python -m acquisition.send --model-dir DIR --rank R --hosts JSON --dest SSH-DEST \\
+    python -m launcher.model_sender --model-dir DIR --rank R --hosts JSON --dest SSH-DEST \\
         --remote-dir DIR --address WORKER-ADDRESS
 
 It plans the split as the ranks will (the same config, hosts, RANK_WEIGHTS and
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from acquisition.identity import ModelIdentity, identify
-from acquisition.share_source import Offer, full_offer, share_offer
 from acquisition.wire import (
     ACK,
     BLOCK_BYTES,
@@ -47,6 +46,7 @@ from acquisition.wire import (
     recv_exactly,
     send_json,
 )
+from launcher.share_source import Offer, full_offer, share_offer
 
 RETRIES = 3  # a block whose digest fails this often at the receiver ends the transfer
 CONNECT_TIMEOUT_S = 10.0
@@ -330,7 +330,7 @@ def build_offer(args: argparse.Namespace) -> tuple[Offer, ModelIdentity]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m acquisition.send")
+    parser = argparse.ArgumentParser(prog="python -m launcher.model_sender")
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--hosts", required=True, help="every rank's RankHost, as JSON")
