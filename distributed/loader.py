@@ -13,6 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.utils import load_model
 
 from acquisition.received import NotReceived, Received
@@ -123,6 +124,16 @@ def load_rank_model(
     return model
 
 
+def _rank0s(value: int, group: mx.distributed.Group) -> int:
+    """Rank 0's `value` on every rank (a collective). A worker holding a share reads no
+    checkpoint headers, only the config, whose dtype an import may have changed; every
+    rank must size the probe's all_sums alike."""
+    if group.size() == 1:
+        return value
+    mine = mx.array([value if group.rank() == 0 else 0], dtype=mx.int32)
+    return int(np.array(mx.distributed.all_sum(mine, group=group))[0])
+
+
 def load_for_rank(
     settings: Settings, group: mx.distributed.Group, progress: Progress | None = None
 ) -> tuple[nn.Module, ModelInfo]:
@@ -140,7 +151,7 @@ def load_for_rank(
         hosts = gather_hosts(group)
         weights = resolve_weights(settings.rank_weights, hosts)
         shape = ModelShape.from_config(config)
-        activation = activation_bytes(model_dir, config)
+        activation = _rank0s(activation_bytes(model_dir, config), group)
         started = time.perf_counter()
         # before the load, for PARALLELISM=auto's choice; once more after it, for the
         # figures that last: the first can overlap a launcher still spinning on its ranks'

@@ -173,6 +173,7 @@ SERVER_ENV = {
     "PREFILL_CHUNK_SIZE": "16",
     "MAX_SEQUENCE_LENGTH": "512",
     "DEFAULT_MAX_TOKENS": "64",
+    "PARALLELISM": "tensor",  # experts and heads split (auto may pick a pipeline by speed)
 }
 
 
