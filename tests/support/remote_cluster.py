@@ -28,9 +28,10 @@ from tests.support.project import Project
 # forward then took more than 5 s twice in 7 runs (start's KV probe, and a restart's first
 # request), and the job ended as if a peer were stuck.
 COLLECTIVE_TIMEOUT = 15.0
+# PARALLELISM named: the tests check a pipeline, and auto chooses by measured speed.
 CHAOS_ENV = (
     f"DEGRADED_MODE=auto\nCOLLECTIVE_TIMEOUT_SECONDS={COLLECTIVE_TIMEOUT}\n"
-    "RESTART_WAIT_SECONDS=180\n"
+    "RESTART_WAIT_SECONDS=180\nPARALLELISM=pipeline\n"
 )
 
 
