@@ -3,10 +3,12 @@ session's first request, cold, in a second session, and after `./launch.sh resta
 of a later turn, with the prompt tokens the server took from its prefix cache.
 
     .venv/bin/python -m bench.agent_sessions [--ranks 1 2] [--agents claude codex opencode]
+        [--model DIR]
 
-The server is ours through launch.sh, serving the default model (SmolLM2-135M, float32)
-with 32,768 positions (the agents' prompts run 6-13K tokens; bench/claude_code.py's
-copy of the weights), its prefix cache on disk in a fresh directory. Each session is a new
+The server is ours through launch.sh, serving the tests' long-context model (SmolLM2's
+tokenizer and chat template, 1 layer, 64K positions: tests/support/long_context_model.py;
+the agents' prompts run 6-13K tokens, which the 135M model prefills in minutes on a CPU)
+or --model, its prefix cache on disk in a fresh directory. Each session is a new
 process in the same project directory with one home directory, as a user's are; the
 recording proxy (bench/agent_proxy.py) forces the first request's tool call (the agent
 reads a file, so a later turn follows with the result) and caps answers at --max-tokens:
@@ -23,8 +25,6 @@ from typing import Any
 
 from bench.agent_proxy import AgentProxy, Exchange, ForcedCall
 from bench.agents import AGENTS, Session, run
-from bench.claude_code import long_variant
-from bench.compare import resolve_model_dir
 from bench.run_setup import add_run_options, bench_environment, run_each
 from bench.servers import ROOT, Ours, log, wait_quiet
 
@@ -109,12 +109,20 @@ def markdown(results: dict[int, dict], started: str, args: argparse.Namespace) -
     return "\n".join(lines) + "\n"
 
 
+def _tiny_long(directory: Path) -> Path:
+    from tests.support.long_context_model import write_long_context_model
+
+    if not (directory / "model.safetensors").exists():
+        write_long_context_model(directory)
+    return directory
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS))
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--positions", type=int, default=32768)
+    parser.add_argument("--model", type=Path, help="an MLX model directory (default: tiny)")
     add_run_options(parser)
     parser.add_argument("--load-patience", type=float, default=600.0)
     parser.add_argument(
@@ -122,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     env = bench_environment(args.cache_dir)
-    base = resolve_model_dir(env)
-    model = long_variant(base, args.cache_dir / f"long-{base.name}", args.positions)
+    model = args.model or _tiny_long(args.cache_dir / "tiny-long-context")
     return run_each(
         args.ranks,
         lambda ranks: run_ranks(ranks, args, env, model),
