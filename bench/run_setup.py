@@ -47,8 +47,10 @@ def run_each(
     """`run` at each rank count, the results rendered (with the time they started) and
     printed, and written to `path`; the command's exit status."""
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results = {count: run(count) for count in ranks}
-    text = render(results, started)
+    results: dict[int, Any] = {}
+    for count in ranks:  # the report is written after each count: a later failure keeps it
+        results[count] = run(count)
+        text = render(results, started)
+        write_report(path, text, results)
     print(text)
-    write_report(path, text, results)
     return 0

@@ -5,8 +5,9 @@ against mlx_lm.server given our kernels, at 1 and 2 ranks.
 
 For each rank count, three servers on the same model, one after another: ours with
 SPECULATIVE=auto, ours with SPECULATIVE=off and mlx_lm.server with our few-row sgemm
-(`peer-rows`: the engine's ratio); at 2 ranks all serve the even-head variant (the peer
-cannot split the default model's heads). Each workload is one greedy request, alone:
+(`peer-rows`: the engine's ratio); at 2 ranks ours alone, on the default model split
+unevenly: the peer cannot split its 9 heads over 2 ranks, and the even-head variant it can
+split answers gibberish, which copies nothing. Each workload is one greedy request, alone:
 decode tokens/s from its streamed chunks (first to last), as a client sees it.
 
 With speculation on, each workload runs once more over rank 0's socket, whose Deltas say
@@ -31,7 +32,6 @@ from mlx_lm.utils import load_tokenizer
 from bench.agents import rendered
 from bench.compare import resolve_model_dir
 from bench.edit_workloads import WORKLOADS, Workload, copied
-from bench.even_model import make_even_variant
 from bench.loadgen import Endpoint, stream_chat
 from bench.run_setup import add_run_options, bench_environment, run_each
 from bench.servers import ROOT, Ours, Peer, log, wait_quiet
@@ -87,7 +87,12 @@ def copy_share(socket: Path, setup: RequestSetup) -> dict[str, dict[str, Any]]:
     those the share speculation accepted."""
     out = {}
     for workload in WORKLOADS:
-        flags = accepted_flags(socket, workload)
+        try:
+            flags = accepted_flags(socket, workload)
+        except (RuntimeError, OSError) as exc:
+            out[workload.name] = {"error": str(exc)[:200]}
+            log(f"  {workload.name}: {out[workload.name]}")
+            continue
         prompt = rendered("/v1/chat/completions", {"messages": workload.messages}, setup)
         answer = [token for token, _ in flags]
         mask = copied(answer, prompt)
@@ -113,8 +118,9 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
             workdir,
         ),
         "off": Ours(ranks, env | {"SPECULATIVE": "off"}, model, workdir),
-        "peer": Peer(ranks, env, model, workdir, True, few_rows=True),
     }
+    if ranks == 1:  # mlx_lm.server cannot split the default model's 9 heads over 2 ranks
+        servers["peer"] = Peer(ranks, env, model, workdir, True, few_rows=True)
     results: dict[str, Any] = {}
     for name, server in servers.items():
         wait_quiet(args.max_load, args.load_patience)
@@ -156,7 +162,8 @@ def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -
             lines.append(
                 f"| {name} | {share.get('copied', 0):.0%} | "
                 f"{'-' if accepted is None else f'{accepted:.0%}'} | {on or 0:.1f} | "
-                f"{off or 0:.1f} | {peer or 0:.1f} | {_ratio(on, off)} | {_ratio(on, peer)} |"
+                f"{off or 0:.1f} | {f'{peer:.1f}' if peer else '-'} | {_ratio(on, off)} | "
+                f"{_ratio(on, peer)} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -171,13 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "spec_edits.md")
     args = parser.parse_args(argv)
     env = bench_environment(args.cache_dir)
-    base = resolve_model_dir(env)
-    even = args.cache_dir / f"even-{base.name}"
+    model = resolve_model_dir(env)
     return run_each(
         args.ranks,
-        lambda ranks: run_ranks(
-            ranks, args, env, base if ranks == 1 else make_even_variant(base, even)
-        ),
+        lambda ranks: run_ranks(ranks, args, env, model),
         lambda results, started: markdown(results, args, started),
         args.markdown,
     )
