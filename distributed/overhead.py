@@ -12,7 +12,7 @@
   tokens: the hidden states, queries, keys, values and the MLP's columns this rank holds)
   and a block of attention scores (engine/cpu_attention.py bounds them to SCORE_BLOCK).
 
-The figures: docs/BENCHMARKS.md, "Memory under agent traffic".
+The figures: docs/RELIABILITY.md, "Agent soak: memory under agent traffic".
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ to the system, so memory freed in the middle (a dropped trace's thousands of sma
 the KV of finished requests) stays in the process's resident memory. Measured: traces
 compiled anew over many steps left the heaps holding much free but resident memory, and
 malloc_trim gave nearly all of it back; under agent traffic rank 0's heaps kept more free
-than its live arrays held (docs/BENCHMARKS.md, "Memory under agent traffic" and "Figures
-behind the code"; engine/memory_report.py). `release_freed` calls malloc_trim(0), which
-returns every free page of every heap to the system; elsewhere (macOS's allocator returns
-freed pages by itself) it does nothing. `limit_buffer_cache` bounds the buffers MLX itself
-keeps (distributed/overhead.py counts them).
+than its live arrays held (docs/RELIABILITY.md, "Agent soak: memory under agent
+traffic"; docs/BENCHMARKS.md, "Figures behind the code"). `release_freed` calls
+malloc_trim(0), which returns every free page of every heap to the system; elsewhere
+(macOS's allocator returns freed pages by itself) it does nothing. `limit_buffer_cache`
+bounds the buffers MLX itself keeps (distributed/overhead.py counts them).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ Why the upkeep: MLX's CPU backend allocates its buffers with malloc, and a decod
 KV buffers grow by 64 positions at a time, so every size is new and the freed ones leave
 holes glibc keeps resident. In an agent soak rank 0's heap held more free memory than its
 live arrays took within minutes: the growth beyond weights, KV and the prefix cache that
-issue 37 measured (docs/BENCHMARKS.md, "Memory under agent traffic" and "Figures behind
-the code"). The agent soak (tests/test_agent_soak.py) prints the ranks' last lines.
+issue 37 measured (docs/RELIABILITY.md, "Agent soak: memory under agent traffic";
+docs/BENCHMARKS.md, "Figures behind the code"). The agent soak (tests/test_agent_soak.py)
+prints the ranks' last lines.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ the system compiler and keeps it under $TMPDIR/mlx/<version>/cpu (a machine whos
 emptied starts without any; Metal and CUDA compile their kernels on first use too), and
 every new input shape of the compiled decode step is traced (engine/compiled_decode.py).
 Measured: the first request after a start on an empty kernel cache took many times as long
-as the next ones (docs/BENCHMARKS.md, "The first request" and "Figures behind the code").
+as the next ones (docs/BENCHMARKS.md, "The first request after a start or a restart" and
+"Figures behind the code").
 Kernels are named by their operations and by how their inputs collapse (contiguous, or
 strided over N dimensions), not by sizes, so a few shapes of each kind of forward compile
 them all. Rank 0 runs them as requests of its own through the real step loop, so every
