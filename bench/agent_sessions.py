@@ -26,7 +26,7 @@ from typing import Any
 from bench.agent_proxy import AgentProxy, Exchange, ForcedCall
 from bench.agents import AGENTS, Session, run
 from bench.run_setup import add_run_options, bench_environment, run_each
-from bench.servers import ROOT, Ours, log, wait_quiet
+from bench.servers import Ours, log, wait_quiet
 
 ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is notes.txt empty?"]
 
@@ -123,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS))
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--model", type=Path, help="an MLX model directory (default: tiny)")
-    add_run_options(parser)
-    parser.add_argument("--load-patience", type=float, default=600.0)
-    parser.add_argument(
-        "--markdown", type=Path, default=ROOT / "run" / "bench" / "agent_sessions.md"
-    )
+    add_run_options(parser, "agent_sessions")
     args = parser.parse_args(argv)
     env = bench_environment(args.cache_dir)
     model = args.model or _tiny_long(args.cache_dir / "tiny-long-context")

@@ -13,15 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.command import ROOT
 from launcher.cpu_layer import preload
 
 CACHE_DIR = Path.home() / ".cache" / "mlx-ring-bench"
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--cache-dir and --max-load, as every benchmark takes them."""
+def add_run_options(parser: argparse.ArgumentParser, report: str | None = None) -> None:
+    """--cache-dir and --max-load, as every benchmark takes them; with `report`, also
+    --load-patience and --markdown (default run/bench/REPORT.md)."""
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
     parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")
+    if report is not None:
+        parser.add_argument("--load-patience", type=float, default=600.0)
+        parser.add_argument(
+            "--markdown", type=Path, default=ROOT / "run" / "bench" / f"{report}.md"
+        )
 
 
 def bench_environment(cache_dir: Path, **settings: str) -> dict[str, str]:

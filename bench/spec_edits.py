@@ -34,7 +34,7 @@ from bench.compare import resolve_model_dir
 from bench.edit_workloads import WORKLOADS, Workload, copied
 from bench.loadgen import Endpoint, stream_chat
 from bench.run_setup import add_run_options, bench_environment, run_each
-from bench.servers import ROOT, Ours, Peer, log, wait_quiet
+from bench.servers import Ours, Peer, log, wait_quiet
 from bench.stats import RequestResult
 from ipc.client import RankClient
 from ipc.protocol import ChatMessage, Delta, Done, Error, SamplingParams, Submit
@@ -173,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--spec-tokens", type=int, default=8)
-    add_run_options(parser)
-    parser.add_argument("--load-patience", type=float, default=600.0)
-    parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "spec_edits.md")
+    add_run_options(parser, "spec_edits")
     args = parser.parse_args(argv)
     env = bench_environment(args.cache_dir)
     model = resolve_model_dir(env)

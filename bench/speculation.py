@@ -35,7 +35,7 @@ from bench.even_model import make_even_variant
 from bench.loadgen import Endpoint, run_load
 from bench.prompts import essay_prompt
 from bench.run_setup import add_run_options, bench_environment, write_report
-from bench.servers import ROOT, Ours, Peer, load_average, log, wait_quiet
+from bench.servers import Ours, Peer, load_average, log, wait_quiet
 from bench.stats import Summary, summarize
 
 EDIT_SOURCE = '''\
@@ -241,9 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers", nargs="*", default=["off", "peer-rows"], help="also: off, peer-rows"
     )
-    add_run_options(parser)
-    parser.add_argument("--load-patience", type=float, default=600.0)
-    parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "speculation.md")
+    add_run_options(parser, "speculation")
     return parser.parse_args(argv)
 
 
