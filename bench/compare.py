@@ -38,6 +38,7 @@ from bench.loadgen import Endpoint, run_conversation, run_load
 from bench.moe_model import make_moe_model, peer_cannot_split
 from bench.prompts import AGENT_QUESTIONS, agent_system_prompt, essay_prompt, long_prompt
 from bench.report import cpu_and_memory, markdown_report, ratio_rows
+from bench.run_setup import add_run_options
 from bench.servers import (
     PY,
     ROOT,
@@ -172,7 +173,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="benchmark the random-weight qwen3_moe model (bench/moe_model.py) instead",
     )
     parser.add_argument("--import-dtype", default="float32")
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "mlx-ring-bench")
     parser.add_argument(
         "--even-ranks",
         type=int,
@@ -195,9 +195,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle", type=float, default=10.0, help="idle CPU window, seconds")
     parser.add_argument("--workload-timeout", type=float, default=420.0, help="seconds")
     parser.add_argument("--openblas-threads", default="", help="OPENBLAS_NUM_THREADS for both")
-    parser.add_argument("--max-load", type=float, default=1.5, help="1-minute load average")
-    parser.add_argument("--load-patience", type=float, default=600.0)
-    parser.add_argument("--markdown", type=Path, default=ROOT / "run" / "bench" / "compare.md")
+    add_run_options(parser, "compare")
     parser.add_argument("--json", type=Path, default=ROOT / "run" / "bench" / "compare.json")
     parser.add_argument(
         "--record",
