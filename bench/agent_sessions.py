@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.agent_proxy import AgentProxy, Exchange, ForcedCall
 from bench.agents import AGENTS, Session, run
-from bench.run_setup import add_run_options, bench_environment, run_each
+from bench.run_setup import add_run_options, run_each
 from bench.servers import Ours, log, wait_quiet
 
 ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is notes.txt empty?"]
@@ -125,13 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="an MLX model directory (default: tiny)")
     add_run_options(parser, "agent_sessions")
     args = parser.parse_args(argv)
-    env = bench_environment(args.cache_dir)
-    model = args.model or _tiny_long(args.cache_dir / "tiny-long-context")
     return run_each(
-        args.ranks,
-        lambda ranks: run_ranks(ranks, args, env, model),
+        args,
+        lambda env: args.model or _tiny_long(args.cache_dir / "tiny-long-context"),
+        run_ranks,
         lambda results, started: markdown(results, started, args),
-        args.markdown,
     )
 
 

@@ -24,7 +24,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +31,8 @@ from pathlib import Path
 import httpx
 
 from bench.compare import resolve_model_dir
+from bench.run_setup import add_run_options, bench_environment
 from bench.servers import ROOT, Ours, log, wait_quiet
-from launcher.cpu_layer import preload
 
 PROMPT = "What is the capital of France?"
 WARMED = re.compile(r"warm-up: .* steps, (?P<seconds>[\d.]+) s")
@@ -104,30 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warm-cache", action="store_true", help="keep MLX's kernel cache")
     parser.add_argument("--idle", type=float, default=5.0, help="the control's pause (s)")
-    parser.add_argument("--max-load", type=float, default=1.5)
+    add_run_options(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-first-"))
-    env = os.environ.copy() | {"MODEL": args.model}
-    if not args.warm_cache:
-        (workdir / "tmp").mkdir()
-        env["TMPDIR"] = str(workdir / "tmp")  # an empty kernel cache for the ranks
-    env |= preload(env)
+    empty_kernel_cache = {} if args.warm_cache else {"TMPDIR": str(workdir / "tmp")}
+    (workdir / "tmp").mkdir()
+    env = bench_environment(args.cache_dir, MODEL=args.model, **empty_kernel_cache)
     model_dir = resolve_model_dir(env)
     server = Ours(args.ranks, env, model_dir, workdir)
     wait_quiet(args.max_load, 600)
     server_log = ROOT / "server.log"
     offset = server_log.stat().st_size if server_log.exists() else 0
     started = time.monotonic()
-    done = subprocess.run(
-        ["./launch.sh", "start"],
-        cwd=ROOT,
-        env=server.env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = server.launch("start", 900)
     start_s = time.monotonic() - started
     if done.returncode != 0:  # no probe request: the first one timed is the first served
         server.stop()

@@ -105,10 +105,7 @@ def _read_event(line: str, result: RequestResult) -> bool:
             result.text += content
     usage = event.get("usage")
     if usage:
-        result.prompt_tokens = usage.get("prompt_tokens", 0)
-        result.completion_tokens = usage.get("completion_tokens", 0)
-        details = usage.get("prompt_tokens_details") or {}
-        result.cached_tokens = details.get("cached_tokens") or 0
+        result.take_usage(usage)
     return False
 
 

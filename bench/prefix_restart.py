@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -23,8 +22,8 @@ import httpx
 from bench.compare import resolve_model_dir, token_counter
 from bench.loadgen import Endpoint, stream_chat
 from bench.prompts import AGENT_QUESTIONS, agent_system_prompt
+from bench.run_setup import add_run_options, bench_environment
 from bench.servers import Ours, log, wait_quiet
-from launcher.cpu_layer import preload
 
 
 async def turn(endpoint: Endpoint, messages: list[dict], max_tokens: int):
@@ -39,11 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-tokens", type=int, default=1500)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--max-load", type=float, default=1.5)
+    add_run_options(parser)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-restart-"))
-    env = os.environ.copy() | {"MODEL": args.model, "PREFIX_CACHE_DIR": str(workdir / "disk")}
-    env |= preload(env, few_rows=False)
+    env = bench_environment(
+        args.cache_dir, MODEL=args.model, PREFIX_CACHE_DIR=str(workdir / "disk")
+    )
     model_dir = resolve_model_dir(env)
     count = token_counter(model_dir)
     server = Ours(args.ranks, env, model_dir, workdir)

@@ -46,18 +46,21 @@ def write_report(path: Path, text: str, results: Any) -> None:
 
 
 def run_each(
-    ranks: list[int],
-    run: Callable[[int], Any],
+    args: argparse.Namespace,
+    model: Callable[[dict[str, str]], Path],
+    run: Callable[[int, argparse.Namespace, dict[str, str], Path], Any],
     render: Callable[[dict[int, Any], str], str],
-    path: Path,
 ) -> int:
-    """`run` at each rank count, the results rendered (with the time they started) and
-    printed, and written to `path`; the command's exit status."""
+    """In the bench's environment, with the model `model` resolves in it: `run` at each of
+    `args.ranks`, the results rendered (with the time they started) and printed, and
+    written to `args.markdown`; the command's exit status."""
+    env = bench_environment(args.cache_dir)
+    path = model(env)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict[int, Any] = {}
-    for count in ranks:  # the report is written after each count: a later failure keeps it
-        results[count] = run(count)
+    for count in args.ranks:  # the report is written after each count: a later failure keeps it
+        results[count] = run(count, args, env, path)
         text = render(results, started)
-        write_report(path, text, results)
+        write_report(args.markdown, text, results)
     print(text)
     return 0

@@ -192,7 +192,7 @@ class Ours:
         }
         self.endpoint = Endpoint(f"http://127.0.0.1:{self.port}", "default")
 
-    def _launch(self, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    def launch(self, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["./launch.sh", command],
             cwd=ROOT,
@@ -211,7 +211,7 @@ class Ours:
                     f"a cluster of this checkout is already running ({pid_file}): stop it "
                     "with ./launch.sh stop first"
                 )
-        done = self._launch("start", 900)
+        done = self.launch("start", 900)
         if done.returncode != 0:
             self.stop()
             tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
@@ -220,7 +220,7 @@ class Ours:
 
     def restart(self) -> None:
         """`./launch.sh restart`: the ranks and api.py again, the disk as it was."""
-        done = self._launch("restart", 900)
+        done = self.launch("restart", 900)
         if done.returncode != 0:
             raise RuntimeError("./launch.sh restart failed:\n" + done.stdout[-1500:])
         wait_ready(self.endpoint, 120, lambda: True)
@@ -229,7 +229,7 @@ class Ours:
         return launch_groups(ROOT)
 
     def stop(self) -> None:
-        done = self._launch("stop", 120)
+        done = self.launch("stop", 120)
         if done.returncode != 0:
             log(f"./launch.sh stop exited {done.returncode}: {done.stderr.strip()[-300:]}")
 

@@ -33,7 +33,7 @@ from bench.agents import rendered
 from bench.compare import resolve_model_dir
 from bench.edit_workloads import WORKLOADS, Workload, copied
 from bench.loadgen import Endpoint, stream_chat
-from bench.run_setup import add_run_options, bench_environment, run_each
+from bench.run_setup import add_run_options, run_each
 from bench.servers import Ours, Peer, log, wait_quiet
 from bench.stats import RequestResult
 from ipc.client import RankClient
@@ -175,13 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-tokens", type=int, default=8)
     add_run_options(parser, "spec_edits")
     args = parser.parse_args(argv)
-    env = bench_environment(args.cache_dir)
-    model = resolve_model_dir(env)
     return run_each(
-        args.ranks,
-        lambda ranks: run_ranks(ranks, args, env, model),
+        args,
+        resolve_model_dir,
+        run_ranks,
         lambda results, started: markdown(results, args, started),
-        args.markdown,
     )
 
 

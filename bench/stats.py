@@ -7,21 +7,34 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
 
 @dataclass
-class RequestResult:
+class TokenCounts:
+    """A request's token counts as the server reports them in its `usage`."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the server reports as reused from its cache
+
+    def take_usage(self, usage: dict[str, Any]) -> None:
+        """Read an OpenAI `usage` object (a stream's last chunk carries it)."""
+        self.prompt_tokens = usage.get("prompt_tokens", 0)
+        self.completion_tokens = usage.get("completion_tokens", 0)
+        self.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+@dataclass
+class RequestResult(TokenCounts):
     """What one streaming request saw; times in seconds from its send."""
 
     ok: bool = False
     error: str = ""
     start: float = 0.0  # time.perf_counter() at send
     end: float = 0.0  # seconds after start when the stream ended
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the server reports as reused from its cache
     chunk_times: list[float] = field(default_factory=list)  # content deltas
     text: str = ""  # the answer
 

@@ -34,7 +34,7 @@ import hashlib
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -61,6 +61,23 @@ _LOAD = struct.Struct("<IQI")
 
 class PlanDecodeError(Exception):
     """The bytes are not a step plan this version understands."""
+
+
+class _Reader:
+    """A plan's bytes, read front to back."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.offset = data, 0
+
+    def unpack(self, layout: struct.Struct) -> tuple[Any, ...]:
+        values = layout.unpack_from(self.data, self.offset)
+        self.offset += layout.size
+        return values
+
+    def array(self, count: int, code: str = "I") -> list[int]:
+        """`count` little-endian integers of struct type `code` (uint32 by default)."""
+        layout = struct.Struct(f"<{count}{code}")
+        return list(self.unpack(layout))
 
 
 @dataclass
@@ -180,84 +197,40 @@ class StepPlan:
     @classmethod
     def decode(cls, data: bytes) -> StepPlan:
         """Parse bytes made by `encode`; PlanDecodeError on anything else."""
+        read = _Reader(data)
         try:
-            header = _HEADER.unpack_from(data)
-            version, flags, step, fingerprint, n_rm, n_tok, n_ins, n_st, n_ev = header
+            version, flags, step, fingerprint, n_rm, n_tok, n_ins, n_st, n_ev = read.unpack(_HEADER)
             if version != PLAN_VERSION:
                 raise PlanDecodeError(
                     f"step plan version {version}, this rank understands {PLAN_VERSION}"
                 )
-            offset = _HEADER.size
-            removes = list(struct.unpack_from(f"<{n_rm}I", data, offset))
-            offset += 4 * n_rm
-            tokens = list(struct.unpack_from(f"<{n_tok}I", data, offset))
-            offset += 4 * n_tok
-            inserts = []
+            plan = cls(
+                step, fingerprint, stop=bool(flags & FLAG_STOP), sleep=bool(flags & FLAG_SLEEP)
+            )
+            plan.removes = read.array(n_rm)
+            plan.tokens = read.array(n_tok)
             for _ in range(n_ins):
-                seq_id, prefix_entry, prefix_len, store_as, count = _INSERT.unpack_from(
-                    data, offset
-                )
-                offset += _INSERT.size
-                ids = list(struct.unpack_from(f"<{count}I", data, offset))
-                offset += 4 * count
-                inserts.append(Insert(seq_id, ids, prefix_entry, prefix_len, store_as))
-            stores = []
-            for _ in range(n_st):
-                stores.append(Store(*_STORE.unpack_from(data, offset)))
-                offset += _STORE.size
-            evicts = list(struct.unpack_from(f"<{n_ev}I", data, offset))
-            offset += 4 * n_ev
-            rollbacks: list[int] = []
+                seq_id, prefix_entry, prefix_len, store_as, count = read.unpack(_INSERT)
+                insert = Insert(seq_id, read.array(count), prefix_entry, prefix_len, store_as)
+                plan.inserts.append(insert)
+            plan.stores = [Store(*read.unpack(_STORE)) for _ in range(n_st)]
+            plan.evicts = read.array(n_ev)
             if flags & FLAG_ROLLBACKS:
-                (n_rb,) = struct.unpack_from("<H", data, offset)
-                rollbacks = list(struct.unpack_from(f"<{n_rb}H", data, offset + 2))
-                offset += 2 + 2 * n_rb
-            drafts: list[list[int]] = []
+                plan.rollbacks = read.array(read.array(1, "H")[0], "H")
             if flags & FLAG_DRAFTS:
-                counts = struct.unpack_from(f"<{n_tok}B", data, offset)
-                offset += n_tok
-                for count in counts:
-                    drafts.append(list(struct.unpack_from(f"<{count}I", data, offset)))
-                    offset += 4 * count
-            prefill = None
+                plan.drafts = [read.array(count) for count in read.array(n_tok, "B")]
             if flags & FLAG_PREFILL:
-                (prefill,) = struct.unpack_from("<I", data, offset)
-                offset += 4
-            saves: list[tuple[int, int]] = []
-            loads: list[tuple[int, int, int]] = []
-            drops: list[int] = []
+                plan.prefill = read.array(1)[0]
             if flags & FLAG_DISK:
-                n_sv, n_ld, n_dr = _DISK_COUNTS.unpack_from(data, offset)
-                offset += _DISK_COUNTS.size
-                for _ in range(n_sv):
-                    saves.append(_SAVE.unpack_from(data, offset))
-                    offset += _SAVE.size
-                for _ in range(n_ld):
-                    loads.append(_LOAD.unpack_from(data, offset))
-                    offset += _LOAD.size
-                drops = list(struct.unpack_from(f"<{n_dr}Q", data, offset))
-                offset += 8 * n_dr
+                n_sv, n_ld, n_dr = read.unpack(_DISK_COUNTS)
+                plan.saves = [read.unpack(_SAVE) for _ in range(n_sv)]
+                plan.loads = [read.unpack(_LOAD) for _ in range(n_ld)]
+                plan.drops = read.array(n_dr, "Q")
         except struct.error as exc:
             raise PlanDecodeError(f"truncated or malformed step plan: {exc}") from None
-        if offset != len(data):
-            raise PlanDecodeError(f"step plan has {len(data) - offset} trailing bytes")
-        return cls(
-            step=step,
-            fingerprint=fingerprint,
-            removes=removes,
-            tokens=tokens,
-            inserts=inserts,
-            stores=stores,
-            evicts=evicts,
-            drafts=drafts,
-            rollbacks=rollbacks,
-            prefill=prefill,
-            saves=saves,
-            loads=loads,
-            drops=drops,
-            stop=bool(flags & FLAG_STOP),
-            sleep=bool(flags & FLAG_SLEEP),
-        )
+        if read.offset != len(data):
+            raise PlanDecodeError(f"step plan has {len(data) - read.offset} trailing bytes")
+        return plan
 
 
 # Rank 0's sampling of a step: how to sample each row, given the sequence ids and how many

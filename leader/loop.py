@@ -11,21 +11,18 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from config.settings import Settings
-from distributed.broadcast import Broadcaster
 from distributed.exits import EXIT_PEER_GONE, die
-from distributed.group import RankIdentity
-from distributed.loader import ModelInfo
-from distributed.profile import CollectiveProfiler
+from distributed.runtime import RankRuntime
 from distributed.wake import WakeSender
-from engine.batch_engine import BatchEngine
+from engine.build import LoadedRank
 from engine.cpu_attention import on_cpu_backend
 from engine.step_plan import StepPlan, step_width
 from ipc.events import Cancelled, Closed, Event, ShutdownAsked, Submitted
-from ipc.server import SocketServer
 from ipc.status import Counters, RankState, RankStatus, Status, StepModelStatus
+from leader.booting import Boot
 from leader.burst import gather_burst
 from leader.scheduler import Scheduler
 from leader.step_times import StepTimes
@@ -48,22 +45,18 @@ CONFIG_KEYS = (
 )
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(eq=False)
 class Leader:
     """Rank 0 once the model is loaded: runs the step loop until told to stop."""
 
     settings: Settings
-    ident: RankIdentity
-    socket: SocketServer
-    events: queue.Queue[Event]
-    info: ModelInfo
+    runtime: RankRuntime  # this rank's identity, broadcaster and collective profiler
+    boot: Boot  # the socket, its events, and when this rank started
+    loaded: LoadedRank  # the model's information and the engine over it
     ranks: list[RankStatus]
     scheduler: Scheduler
-    engine: BatchEngine
-    broadcaster: Broadcaster
     wake: WakeSender | None
-    profiler: CollectiveProfiler | None
-    started: float
+    _: KW_ONLY  # the rest by name
     warm_up: WarmUp | None = None  # run before ready (leader/warmup.py); None: WARM_UP=off
     warmed: str = ""  # what the warm-up ran and how long it took, for status
     step_times: StepTimes | None = None  # the step-time model against the measured steps
@@ -87,30 +80,30 @@ class Leader:
 
     def status(self) -> Status:
         """Snapshot for the socket thread (reads plain attributes only)."""
-        config = self.info.config
+        config = self.loaded.info.config
         return Status(
             state=self.state,
             reason=REASONS[self.state],
             warm_up=self.warmed,
-            model_id=self.info.model_id,
-            model_aliases=self.info.aliases,
+            model_id=self.loaded.info.model_id,
+            model_aliases=self.loaded.info.aliases,
             model_info={k: config[k] for k in CONFIG_KEYS if k in config}
-            | {"path": str(self.info.path)},
-            backend=self.ident.backend,
-            world_size=self.ident.world_size,
-            plan=self.info.plan.model_dump(mode="json"),
+            | {"path": str(self.loaded.info.path)},
+            backend=self.runtime.ident.backend,
+            world_size=self.runtime.ident.world_size,
+            plan=self.loaded.info.plan.model_dump(mode="json"),
             ranks=self.ranks,
             active_requests=self.scheduler.requests.client_rows,
             queued_requests=len(self.scheduler.requests.queue),
             max_batch_size=self.settings.max_batch_size,
             last_step_ms=self.last_step_ms,
             counters=self.counters.model_copy(),
-            kv_tokens=self.engine.kv_tokens,
+            kv_tokens=self.loaded.engine.kv_tokens,
             prefix_cache=self.scheduler.prefix.stats(),
             speculation=self.scheduler.speculator.stats(),
             step_model=self.step_times.status() if self.step_times else StepModelStatus(),
             max_sequence_length=self.scheduler.requests.max_sequence_length,
-            uptime_s=time.monotonic() - self.started,
+            uptime_s=time.monotonic() - self.boot.booting.started,
         )
 
     def rank_lost(self, rank: int) -> None:
@@ -140,7 +133,7 @@ class Leader:
 
     def _flush(self) -> None:
         if self.scheduler.requests.outbox:
-            self.socket.send(self.scheduler.requests.outbox)
+            self.boot.socket.send(self.scheduler.requests.outbox)
             self.scheduler.requests.outbox = []
 
     def _wake_workers(self) -> None:
@@ -156,9 +149,9 @@ class Leader:
     def _send(self, plan: StepPlan) -> None:
         self._wake_workers()
         self.sleeping = plan.sleep or plan.stop
-        self.broadcaster.broadcast(plan.encode())
+        self.runtime.broadcaster.broadcast(plan.encode())
         if not plan.stop:
-            loaded = self.engine.apply(plan)
+            loaded = self.loaded.engine.apply(plan)
             self.scheduler.prefix.loaded(loaded)  # the disk loads, as the ranks voted
 
     # ---- the step loop -----------------------------------------------------------
@@ -166,7 +159,7 @@ class Leader:
     def run(self) -> None:
         if self.warm_up is not None:
             self._warm(self.warm_up)
-        scheduler, engine, events = self.scheduler, self.engine, self.events
+        scheduler, engine, events = self.scheduler, self.loaded.engine, self.boot.events
         while True:
             if not scheduler.has_work(engine) and self.state != RankState.STOPPING:
                 self._stream()  # the last tokens taken, before waiting for work
@@ -202,12 +195,12 @@ class Leader:
         """Run the warm-up's requests to their end, then say ready (a shutdown asked
         meanwhile ends it early: the step loop then stops every rank)."""
         started = time.perf_counter()
-        scheduler, engine = self.scheduler, self.engine
+        scheduler, engine = self.scheduler, self.loaded.engine
         with isolated(scheduler):
             while self.state == RankState.WARMING:
                 while True:  # submits are refused while warming (ipc/server.py)
                     try:
-                        self._handle(self.events.get_nowait())
+                        self._handle(self.boot.events.get_nowait())
                     except queue.Empty:
                         break
                 if self.state != RankState.WARMING:
@@ -226,14 +219,14 @@ class Leader:
     def _gather_burst(self) -> None:
         """Take the requests that follow one to an idle cluster (BURST_WINDOW_MS)."""
         window = self.settings.burst_window_ms / 1000
-        gathered = gather_burst(self.events, self._handle, window)
+        gathered = gather_burst(self.boot.events, self._handle, window)
         if gathered:
             log.debug("burst: %d more requests came with the first", gathered)
 
     def _step(self, warm: WarmUp | None = None) -> None:
-        scheduler, engine = self.scheduler, self.engine
+        scheduler, engine = self.scheduler, self.loaded.engine
         started = time.perf_counter()
-        before = (self.broadcaster.collective_seconds, self._forward_collectives())
+        before = (self.runtime.broadcaster.collective_seconds, self._forward_collectives())
         plan = scheduler.build_plan(engine)
         if warm is not None:
             removed = set(plan.removes)
@@ -286,7 +279,7 @@ class Leader:
                 waiting=plan.prefill is not None,
             )
         if log.isEnabledFor(logging.DEBUG):
-            after = (self.broadcaster.collective_seconds, self._forward_collectives())
+            after = (self.runtime.broadcaster.collective_seconds, self._forward_collectives())
             times = (started, planned, streamed_first, launched, streamed, computed, done)
             self._log_step(plan, result.prefill_tokens, times, before, after)
 
@@ -297,7 +290,7 @@ class Leader:
         (the batch's caches attend over it), prefill-only steps forward by forward."""
         assert self.step_times is not None and self.last_step_ms is not None
         if plan.tokens and not prefill:
-            context = max(self.engine.decode_lengths, default=0)
+            context = max(self.loaded.engine.decode_lengths, default=0)
             self.step_times.decoded(len(plan.tokens), width, context, self.last_step_ms)
         elif prefill and not plan.tokens:
             self.step_times.prefilled(forwards, self.last_step_ms)
@@ -311,7 +304,7 @@ class Leader:
         return max(0.0, self.last_work + self.settings.keep_warm_seconds - time.monotonic())
 
     def _forward_collectives(self) -> tuple[float, int]:
-        profiler = self.profiler
+        profiler = self.runtime.profiler
         return (profiler.seconds, profiler.count) if profiler else (0.0, 0)
 
     def _log_step(

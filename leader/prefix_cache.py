@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from engine.prefix_disk import token_key
-from engine.step_plan import Insert, Store
+from engine.step_plan import Insert, StepPlan, Store
 from ipc.status import PrefixCacheStats
 from leader.prefix_disk_index import DiskIndex
 from leader.prefix_index import PrefixIndex
@@ -42,6 +42,12 @@ class PlanOps:
     saves: list[tuple[int, int]] = field(default_factory=list)  # (entry, disk key)
     loads: list[tuple[int, int, int]] = field(default_factory=list)  # (entry, key, length)
     drops: list[int] = field(default_factory=list)  # disk keys
+
+    def carried_by(self, plan: StepPlan) -> StepPlan:
+        """`plan` with these operations (it carries all but `protected`)."""
+        plan.stores, plan.evicts = self.stores, self.evicts
+        plan.saves, plan.loads, plan.drops = self.saves, self.loads, self.drops
+        return plan
 
 
 class PrefixCache:

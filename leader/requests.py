@@ -48,7 +48,7 @@ class Requests:
         self,
         tokenizer: TokenizerWrapper,
         max_sequence_length: int,
-        prefix: PrefixCache,
+        prefix: PrefixCache | None = None,
         grammar: GrammarTokens | None = None,
         defaults: SamplingDefaults | None = None,
         vocab_size: int | None = None,
@@ -56,7 +56,7 @@ class Requests:
         self.tokenizer = tokenizer
         self.setup = RequestSetup(tokenizer, grammar, vocab_size)
         self.defaults = defaults or SamplingDefaults()
-        self.prefix = prefix
+        self.prefix = prefix or PrefixCache(0)  # budget 0: off
         self.max_sequence_length = max_sequence_length
         self.queue: deque[Request] = deque()
         self.active: dict[int, Request] = {}

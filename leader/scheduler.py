@@ -15,19 +15,15 @@ from __future__ import annotations
 import logging
 import time
 
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-
 from engine.batch_engine import BatchEngine
 from engine.batch_sampler import RowSampling
 from engine.step_plan import StepPlan, StepResult, step_width
 from ipc.protocol import Done
-from leader.constraints import GrammarTokens
 from leader.prefill_budget import PrefillBudget
-from leader.prefix_cache import PlanOps, PrefixCache
+from leader.prefix_cache import PlanOps
 from leader.request import Ending, Request
 from leader.requests import Requests
 from leader.sampler import Sample
-from leader.sampling_defaults import SamplingDefaults
 from leader.speculation import Speculator
 
 log = logging.getLogger("ring.scheduler")
@@ -38,24 +34,18 @@ class Scheduler:
 
     def __init__(
         self,
-        tokenizer: TokenizerWrapper,
+        requests: Requests,
         max_batch_size: int,
-        max_sequence_length: int,
-        prefix: PrefixCache | None = None,
         *,
-        grammar: GrammarTokens | None = None,
-        defaults: SamplingDefaults | None = None,
-        vocab_size: int | None = None,
         speculator: Speculator | None = None,
         prefill_budget: PrefillBudget | None = None,
     ) -> None:
-        self.prefix = prefix or PrefixCache(0)
-        self.requests = Requests(
-            tokenizer, max_sequence_length, self.prefix, grammar, defaults, vocab_size
-        )
+        self.requests = requests
+        self.prefix = requests.prefix
         self.speculator = speculator or Speculator(0)
         self.prefill_budget = prefill_budget  # None: every step takes PREFILL_CHUNK_SIZE
         self.max_batch_size = max_batch_size
+        tokenizer = requests.tokenizer
         self.eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         if tokenizer.eos_token_id is not None:
             self.eos_ids.add(tokenizer.eos_token_id)
@@ -111,21 +101,17 @@ class Scheduler:
                     len(request.prompt),
                     insert.prefix_entry,
                 )
-        return StepPlan(
-            step=engine.step_index,
-            fingerprint=engine.fingerprint(),
+        plan = StepPlan(
+            engine.step_index,
+            engine.fingerprint(),
             removes=removes,
             tokens=tokens,
             inserts=inserts,
-            stores=ops.stores,
-            evicts=ops.evicts,
             drafts=drafts,
             rollbacks=rollbacks,
             prefill=self._prefill_tokens(engine, removed, len(decoding) * width, inserts),
-            saves=ops.saves,
-            loads=ops.loads,
-            drops=ops.drops,
         )
+        return ops.carried_by(plan)
 
     def _prefill_tokens(
         self, engine: BatchEngine, removed: set[int], rows: int, inserts: list

@@ -33,6 +33,7 @@ from leader.loop import Leader
 from leader.prefill_budget import PrefillBudget
 from leader.prefix_cache import PrefixCache
 from leader.prefix_disk_index import DiskIndex
+from leader.requests import Requests
 from leader.sampling_defaults import SamplingDefaults
 from leader.scheduler import Scheduler
 from leader.spec_rule import StepCosts
@@ -64,18 +65,13 @@ def serve_leader(
     model = _step_model(settings, info, ranks)
     scheduler = _scheduler(settings, loaded, ranks, tokenizer, model)
     leader = Leader(
-        settings=settings,
-        ident=ident,
-        socket=boot.socket,
-        events=boot.events,
-        info=info,
-        ranks=ranks,
-        scheduler=scheduler,
-        engine=loaded.engine,
-        broadcaster=runtime.broadcaster,
-        wake=wake,
-        profiler=runtime.profiler,
-        started=boot.booting.started,
+        settings,
+        runtime,
+        boot,
+        loaded,
+        ranks,
+        scheduler,
+        wake,
         warm_up=_warm_up(settings, scheduler),
         step_times=StepTimes(model),
     )
@@ -148,16 +144,11 @@ def _scheduler(
     defaults = SamplingDefaults.load(info.path, settings)
     vocab_size = info.config.get("vocab_size")  # the embedding's rows
     log.info("sampling defaults: %s", defaults.describe())
+    grammar = GrammarTokens.build(tokenizer, vocab_size or len(tokenizer), tokenizer.eos_token_ids)
+    requests = Requests(tokenizer, context.tokens, prefix, grammar, defaults, vocab_size)
     scheduler = Scheduler(
-        tokenizer,
+        requests,
         settings.max_batch_size,
-        context.tokens,
-        prefix,
-        grammar=GrammarTokens.build(
-            tokenizer, vocab_size or len(tokenizer), tokenizer.eos_token_ids
-        ),
-        defaults=defaults,
-        vocab_size=vocab_size,
         speculator=speculator,
         prefill_budget=PrefillBudget(
             settings.prefill_chunk_size,

@@ -11,6 +11,7 @@ from engine.batch_engine import BatchEngine
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
+from leader.requests import Requests
 from leader.scheduler import Scheduler
 from tests.support.tiny_models import write_tiny_model
 
@@ -48,7 +49,7 @@ def answer(scheduler: Scheduler, engine: BatchEngine, request_id: str) -> tuple[
 
 def test_a_prefill_cancelled_mid_prompt_leaves_its_chunks_for_the_next(tiny):
     model, tokenizer = tiny
-    scheduler = Scheduler(tokenizer, 4, 512, PrefixCache(budget_tokens=4096))
+    scheduler = Scheduler(Requests(tokenizer, 512, PrefixCache(budget_tokens=4096)), 4)
     engine = BatchEngine(model, CHUNK)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     scheduler.requests.submit(1, Submit(id="interrupted", prompt=PROMPT, params=params))
@@ -58,6 +59,6 @@ def test_a_prefill_cancelled_mid_prompt_leaves_its_chunks_for_the_next(tiny):
     scheduler.requests.cancel(1, "interrupted")
     tokens, done = answer(scheduler, engine, "again")
     assert done.usage.prompt_tokens_details.cached_tokens == 3 * CHUNK
-    fresh = Scheduler(tokenizer, 4, 512, PrefixCache(budget_tokens=4096))
+    fresh = Scheduler(Requests(tokenizer, 512, PrefixCache(budget_tokens=4096)), 4)
     alone, _ = answer(fresh, BatchEngine(model, CHUNK), "alone")
     assert tokens == alone  # the kept chunks serve as a full prefill would

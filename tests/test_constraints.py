@@ -29,6 +29,7 @@ from ipc.protocol import (
     ToolSpec,
 )
 from leader.constraints import GrammarTokens, UnsupportedSchema, tool_call_schema
+from leader.requests import Requests
 from leader.sampler import RequestSampler
 from leader.sampling_defaults import SamplingDefaults
 from leader.scheduler import Scheduler
@@ -140,7 +141,7 @@ def sent(scheduler: Scheduler) -> list:
 
 
 def test_the_scheduler_streams_a_forced_call_and_says_tool_calls(tokenizer, grammar):
-    scheduler = Scheduler(tokenizer, 4, 4096, grammar=grammar)
+    scheduler = Scheduler(Requests(tokenizer, 4096, grammar=grammar), 4)
     choice = ToolChoice(mode="function", name="get_weather")
     scheduler.requests.submit("c", chat_submit("f", tools=TOOLS, tool_choice=choice))
     assert isinstance(sent(scheduler)[0], Started)
@@ -164,7 +165,7 @@ def test_the_scheduler_streams_a_forced_call_and_says_tool_calls(tokenizer, gram
 
 
 def test_refusals_name_the_field_and_counting_generates_nothing(tokenizer, grammar):
-    scheduler = Scheduler(tokenizer, 4, 4096, grammar=grammar)
+    scheduler = Scheduler(Requests(tokenizer, 4096, grammar=grammar), 4)
     bad = OutputFormat(
         type="json_schema", json_schema={"type": "object", "uniqueItems": True}, param="p.schema"
     )
@@ -175,7 +176,7 @@ def test_refusals_name_the_field_and_counting_generates_nothing(tokenizer, gramm
     assert isinstance(started, Started) and isinstance(done, Done)
     assert done.usage.prompt_tokens == started.prompt_tokens > 100  # the tools are in it
     assert done.usage.completion_tokens == 0 and not scheduler.requests.queue
-    without = Scheduler(tokenizer, 4, 4096)  # no llguidance: refused, saying why
+    without = Scheduler(Requests(tokenizer, 4096), 4)  # no llguidance: refused, saying why
     without.requests.submit("c", chat_submit("x", output=OutputFormat(type="json_object")))
     (error,) = sent(without)
     assert isinstance(error, Error) and "llguidance" in error.message

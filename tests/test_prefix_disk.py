@@ -18,6 +18,7 @@ from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
 from leader.prefix_disk_index import DiskIndex
+from leader.requests import Requests
 from leader.scheduler import Scheduler
 from tests.support.tiny_models import write_tiny_model
 
@@ -138,7 +139,7 @@ def serve(tiny, directory, submits: list[Submit]) -> dict[str, tuple[list[int], 
     model, tokenizer = tiny
     tier = DiskTier.open(directory, "layout", 0, alone)
     prefix = PrefixCache(10_000, disk=DiskIndex(tier.directory, 10_000))
-    scheduler = Scheduler(tokenizer, 4, 1024, prefix)
+    scheduler = Scheduler(Requests(tokenizer, 1024, prefix), 4)
     engine = BatchEngine(model, 64, prefix=PrefixStore(None, tier))
     out = {}
     for submit in submits:

@@ -8,6 +8,7 @@ from mlx_lm.utils import load_tokenizer
 
 from engine.batch_engine import BatchEngine
 from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from leader.requests import Requests
 from leader.scheduler import Scheduler
 from tests.support.steps import take_step
 from tests.support.tiny_models import write_byte_tokenizer
@@ -38,7 +39,7 @@ def one_hot(rows: list[int], vocab: int = 259) -> mx.array:
 
 
 def test_refusals_never_reach_a_plan(tokenizer):
-    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=32)
+    scheduler = Scheduler(Requests(tokenizer, 32), max_batch_size=4)
     scheduler.requests.submit("c", submit("long", "x" * 40, max_tokens=4))
     scheduler.requests.submit("c", submit("empty", ""))
     scheduler.requests.submit("c", submit("ok"))
@@ -52,7 +53,7 @@ def test_refusals_never_reach_a_plan(tokenizer):
 def test_a_token_past_the_models_embedding_is_refused(tokenizer):
     """A tokenizer that does not match the model's weights gives ids past its embedding
     table, which MLX's gather would read out of bounds: refused, saying so."""
-    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=32, vocab_size=100)
+    scheduler = Scheduler(Requests(tokenizer, 32, vocab_size=100), max_batch_size=4)
     scheduler.requests.submit("c", submit("past", "hi"))  # bytes 104 and 105
     scheduler.requests.submit("c", submit("within", "AB"))  # 65 and 66
     errors = {m.id: m for m in sent(scheduler) if isinstance(m, Error)}
@@ -64,7 +65,7 @@ def test_a_token_past_the_models_embedding_is_refused(tokenizer):
 
 
 def test_admission_stops_at_max_batch_size(tokenizer):
-    scheduler = Scheduler(tokenizer, max_batch_size=2, max_sequence_length=64)
+    scheduler = Scheduler(Requests(tokenizer, 64), max_batch_size=2)
     for i in range(3):
         scheduler.requests.submit("c", submit(f"r{i}"))
     assert [type(m) for m in sent(scheduler)] == [Started] * 3
@@ -75,7 +76,7 @@ def test_admission_stops_at_max_batch_size(tokenizer):
 
 
 def test_tokens_eos_and_cancel_flow_into_plans(tokenizer):
-    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=64)
+    scheduler = Scheduler(Requests(tokenizer, 64), max_batch_size=4)
     scheduler.requests.submit("c", submit("a", max_tokens=3))
     scheduler.requests.submit("c", submit("b", max_tokens=3))
     sent(scheduler)
@@ -98,7 +99,7 @@ def test_tokens_eos_and_cancel_flow_into_plans(tokenizer):
 
 
 def test_stop_string_cuts_the_text(tokenizer):
-    scheduler = Scheduler(tokenizer, max_batch_size=4, max_sequence_length=64)
+    scheduler = Scheduler(Requests(tokenizer, 64), max_batch_size=4)
     scheduler.requests.submit("c", submit("s", max_tokens=10, stop=["cd"]))
     sent(scheduler)
     engine = BatchEngine(None, 16)

@@ -24,6 +24,7 @@ from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
 from leader.answer import AnswerShape, AnswerStream
 from leader.prompt_lookup import PromptLookup
 from leader.request import Request
+from leader.requests import Requests
 from leader.sampler import RequestSampler
 from leader.scheduler import Scheduler
 from leader.spec_rule import Evidence, StepCosts, choose_width
@@ -55,7 +56,7 @@ def generate(
     one of the test's own instead of prompt lookup with `spec_tokens`."""
     model, tokenizer = tiny
     speculator = speculator or Speculator(spec_tokens, costs=flat_costs())
-    scheduler = Scheduler(tokenizer, batch, 512, speculator=speculator)
+    scheduler = Scheduler(Requests(tokenizer, 512), batch, speculator=speculator)
     engine = BatchEngine(model, 256)
     for submit in submits:
         scheduler.requests.submit("conn", submit)

@@ -9,6 +9,7 @@ namespace, mcp, file_search, ...) are run by OpenAI's own service; here they are
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gateway.errors import refused
 from gateway.openai.protocol import Performance
 from gateway.openai.tooling import FUNCTION_NAME
-from ipc.protocol import Usage
+from ipc.protocol import PromptTokensDetails, Usage
 
 
 class _Lenient(BaseModel):
@@ -103,6 +104,21 @@ class ReasoningParam(_Lenient):
     summary: str | None = None
 
 
+# The request's settings a response repeats under the same names.
+_ECHOED = (
+    "instructions",
+    "max_output_tokens",
+    "parallel_tool_calls",
+    "previous_response_id",
+    "reasoning",
+    "store",
+    "temperature",
+    "top_p",
+    "text",
+    "user",
+)
+
+
 class ResponsesRequest(_Lenient):
     """POST /v1/responses."""
 
@@ -130,6 +146,20 @@ class ResponsesRequest(_Lenient):
             "previous_response_id, or send the whole history as input items"
         )
     )
+
+    def response_shell(self, response_id: str, model_id: str) -> Response:
+        """The response this request opens, in progress: its settings echoed back, as
+        OpenAI's responses carry them."""
+        return Response(
+            id=response_id,
+            created_at=int(time.time()),
+            status="in_progress",
+            model=model_id,
+            tool_choice=self.tool_choice or "auto",
+            tools=[tool.model_dump(exclude_none=True) for tool in self.function_tools()],
+            metadata=self.metadata or {},
+            **{name: getattr(self, name) for name in _ECHOED},
+        )
 
     def function_tools(self) -> list[FunctionTool]:
         """The tools the model may call: the function tools (others are ignored)."""
@@ -178,27 +208,22 @@ class OutputReasoning(BaseModel):
 OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
 
 
-class InputTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
 class OutputTokensDetails(BaseModel):
     reasoning_tokens: int = 0
 
 
 class ResponseUsage(BaseModel):
     input_tokens: int
-    input_tokens_details: InputTokensDetails
+    input_tokens_details: PromptTokensDetails  # the same field as chat completions'
     output_tokens: int
     output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
     total_tokens: int
 
     @classmethod
     def of(cls, usage: Usage) -> ResponseUsage:
-        cached = usage.prompt_tokens_details.cached_tokens
         return cls(
             input_tokens=usage.prompt_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=cached),
+            input_tokens_details=usage.prompt_tokens_details,
             output_tokens=usage.completion_tokens,
             total_tokens=usage.total_tokens,
         )

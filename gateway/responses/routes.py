@@ -4,7 +4,6 @@ same generation core as chat completions and Messages (Codex CLI, the openai SDK
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from fastapi import APIRouter, Request
@@ -63,25 +62,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response 
         raise APIError(400, str(exc), param=exc.param) from None
     generation = Generation(request, submit, "input")
     await generation.start()
-    shell = Response(
-        id=response_id,
-        created_at=int(time.time()),
-        status="in_progress",
-        model=model_id,
-        instructions=body.instructions,
-        max_output_tokens=body.max_output_tokens,
-        parallel_tool_calls=body.parallel_tool_calls,
-        previous_response_id=body.previous_response_id,
-        reasoning=body.reasoning,
-        store=body.store,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        text=body.text,
-        tool_choice=body.tool_choice or "auto",
-        tools=[tool.model_dump(exclude_none=True) for tool in body.function_tools()],
-        metadata=body.metadata or {},
-        user=body.user,
-    )
+    shell = body.response_shell(response_id, model_id)
     builder = ResponseBuilder(shell)
 
     def keep(message: Delta | Done) -> None:

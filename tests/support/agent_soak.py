@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench.stats import TokenCounts
 from ipc.processes import rss_bytes
 
 TOOLS = [
@@ -100,14 +101,11 @@ class TimeUp(Exception):
 
 
 @dataclass
-class Turn:
-    kind: str  # ask, tool, edit, cancel, log
+class Turn(TokenCounts):
+    kind: str = "ask"  # ask, tool, edit, cancel, log
     ok: bool = False
     cancelled: bool = False
     chunks: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
     seconds: float = 0.0
     error: str = ""
     text: str = ""
@@ -180,7 +178,7 @@ async def _turn(
     kind: str,
     cancel_after: int | None = None,
 ) -> Turn:
-    turn = Turn(kind)
+    turn = Turn(kind=kind)
     body = {
         "model": "default",
         "messages": messages,
@@ -210,10 +208,7 @@ async def _turn(
                         turn.text += delta.get("content") or ""
                 usage = event.get("usage")
                 if usage:
-                    turn.prompt_tokens = usage.get("prompt_tokens", 0)
-                    turn.completion_tokens = usage.get("completion_tokens", 0)
-                    details = usage.get("prompt_tokens_details") or {}
-                    turn.cached_tokens = details.get("cached_tokens") or 0
+                    turn.take_usage(usage)
                     turn.ok = not turn.error
                 if cancel_after is not None and turn.chunks >= cancel_after:
                     turn.cancelled = True  # leaving the block closes the connection
