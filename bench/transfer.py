@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -128,13 +131,89 @@ def _scp(hosts: Any, model: Path, world: int) -> dict[str, Any]:
     return {"seconds": round(seconds, 2), "bytes": sent, "rate": round(sum(sent) / seconds)}
 
 
+# A worker's end of the link's ceiling: accepts `streams` connections and drains them.
+_DRAIN = """
+import socket, sys, threading
+server = socket.create_server(("0.0.0.0", 0))
+print(server.getsockname()[1], flush=True)
+def drain(conn):
+    buffer = bytearray(8 << 20)
+    with conn:
+        while conn.recv_into(buffer):
+            pass
+count = int(sys.argv[1])
+threads = [threading.Thread(target=drain, args=(server.accept()[0],)) for _ in range(count)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print("drained", flush=True)
+"""
+
+
+def _link(hosts: Any, streams: int, total: int = 2 << 30) -> dict[str, Any]:
+    """The link's ceiling here: `total` bytes of plain TCP from the first host to a worker
+    over `streams` connections, nothing read, hashed or written (Python at both ends, as
+    the sender and receiver are)."""
+    worker = hosts.workers[0]
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    command = ["nsenter", "-t", str(worker.sshd.pid), "-m", "-n", sys.executable, "-c"]
+    with subprocess.Popen(
+        [*command, _DRAIN, str(streams)], stdout=subprocess.PIPE, text=True, env=env
+    ) as drain:
+        assert drain.stdout is not None
+        port = int(drain.stdout.readline())
+        block = bytes(8 << 20)
+
+        def push() -> None:
+            with socket.create_connection((worker.address, port)) as sock:
+                for _ in range(total // streams // len(block)):
+                    sock.sendall(block)
+
+        started = time.monotonic()
+        pushers = [threading.Thread(target=push) for _ in range(streams)]
+        for pusher in pushers:
+            pusher.start()
+        for pusher in pushers:
+            pusher.join()
+        drain.stdout.readline()
+        seconds = time.monotonic() - started
+    return {"seconds": round(seconds, 2), "bytes": [total], "rate": round(total / seconds)}
+
+
+# A link slower than these 2 cores can fill (tc tbf on the worker's veth), as a Thunderbolt
+# link is slower than a Mac's cores: there the bytes, not the sender, set the time.
+LINK_CAP = "2gbit"
+
+
+def _capped(hosts: Any, model: Path, streams: int, cap: str) -> dict[str, Any]:
+    """2 ranks over a link capped at `cap`: its plain TCP, a tensor share, a full copy."""
+    from tests.support.transfer_hosts import limit_link
+
+    base = {"TRANSFER_STREAMS": str(streams), "RANK_WEIGHTS": "", "PARALLELISM": "tensor"}
+    rows: dict[str, Any] = {}
+    limit_link(hosts.workers[0], cap)
+    try:
+        rows[f"link at {cap}: plain TCP"] = _link(hosts, streams, total=1 << 30)
+        for name, transfer in (("share, tensor", "share"), ("full copy", "full")):
+            _clear(hosts)
+            env = base | {"MODEL_TRANSFER": transfer}
+            rows[f"link at {cap}: 2 ranks, {name}"] = _senders(hosts, model, 2, env)
+    finally:
+        limit_link(hosts.workers[0], None)
+    return rows
+
+
 def measure(work: Path, streams: int) -> dict[str, Any]:
     from tests.support.transfer_hosts import up
 
     model = write_model(work / "models" / "qwen3-0.6b-shape-bf16")
+    os.sync()  # a model just written is still being flushed: the first run read 50 MiB/s
     hosts = up(model.parent)
     rows: dict[str, Any] = {}
     try:
+        rows["link: plain TCP to one worker"] = _link(hosts, streams)
+        warm = {"TRANSFER_STREAMS": str(streams), "PARALLELISM": "pipeline"}
+        _senders(hosts, model, 2, warm | {"MODEL_TRANSFER": "share"})  # untimed: first SSH
+        _clear(hosts)
         for world in (2, 3):
             base = {"TRANSFER_STREAMS": str(streams), "RANK_WEIGHTS": ""}
             for name, env in (
@@ -152,6 +231,7 @@ def measure(work: Path, streams: int) -> dict[str, Any]:
         _clear(hosts)
         one = {"TRANSFER_STREAMS": "1", "PARALLELISM": "tensor", "MODEL_TRANSFER": "full"}
         rows["2 ranks, full copy, 1 stream"] = _senders(hosts, model, 2, one)
+        rows |= _capped(hosts, model, streams, LINK_CAP)
     finally:
         hosts.down()
     size = sum(p.stat().st_size for p in model.iterdir() if p.is_file())
@@ -159,16 +239,21 @@ def measure(work: Path, streams: int) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> list[str]:
+    """A row a run: the bytes, the whole command's seconds (SSH, the check, the sending)
+    and the rate over them, and the rate while the blocks moved (from the senders' own
+    clocks; all workers together)."""
     lines = [
-        "| run | bytes to each worker | seconds | rate (all workers) | share check |",
-        "| --- | --- | --- | --- | --- |",
+        "| run | bytes to each worker | seconds | rate | rate while sending | share check |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in result["rows"].items():
         sent = " / ".join(f"{b / 2**20:.0f} MiB" for b in row["bytes"])
         checked = ", ".join(f"{c:.2f} s" for c in row.get("checked_s", [])) or "-"
+        sending = max(row.get("send_seconds") or [0])
+        moving = f"{sum(row['bytes']) / sending / 2**20:.0f} MiB/s" if sending else "-"
         lines.append(
             f"| {name} | {sent} | {row['seconds']:.2f} | {row['rate'] / 2**20:.0f} MiB/s "
-            f"| {checked} |"
+            f"| {moving} | {checked} |"
         )
     return lines
 
