@@ -1,11 +1,11 @@
 """Speculation on edit and tool-argument workloads it was not tuned on (bench/edit_workloads.py),
-against mlx_lm.server given our kernels, at 1 and 2 ranks.
+against mlx_lm.server as shipped and given our kernels, at 1 and 2 ranks.
 
     .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 8] [--markdown FILE]
 
-For each rank count, three servers on the same model, one after another: ours with
-SPECULATIVE=auto, ours with SPECULATIVE=off and mlx_lm.server with our few-row sgemm
-(`peer-rows`: the engine's ratio); at 2 ranks ours alone, on the default model split
+For each rank count, servers on the same model, one after another: ours with
+SPECULATIVE=auto, ours with SPECULATIVE=off, mlx_lm.server as shipped (`peer`) and with our
+few-row sgemm (`peer-rows`: the engine's ratio); at 2 ranks ours alone, on the default model split
 unevenly: the peer cannot split its 9 heads over 2 ranks, and the even-head variant it can
 split answers gibberish, which copies nothing. Each workload is one greedy request, alone:
 decode tokens/s from its streamed chunks (first to last), as a client sees it.
@@ -120,7 +120,8 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
         "off": Ours(ranks, env | {"SPECULATIVE": "off"}, model, workdir),
     }
     if ranks == 1:  # mlx_lm.server cannot split the default model's 9 heads over 2 ranks
-        servers["peer"] = Peer(ranks, env, model, workdir, True, few_rows=True)
+        servers["peer"] = Peer(ranks, env, model, workdir, True, few_rows=False)  # as shipped
+        servers["peer-rows"] = Peer(ranks, env, model, workdir, True, few_rows=True)  # engine
     results: dict[str, Any] = {}
     for name, server in servers.items():
         wait_quiet(args.max_load, args.load_patience)
@@ -149,21 +150,24 @@ def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -
         lines += [
             f"{ranks} rank(s): decode tok/s per request",
             "",
-            "| workload | copied | accepted of copied | on | off | peer-rows | on/off | on/peer |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| workload | copied | accepted of copied | on | off | peer | peer-rows | on/off "
+            "| on/peer | on/peer-rows |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for workload in WORKLOADS:
             name = workload.name
             share = by.get("share", {}).get(name, {})
-            on, off, peer = (
-                by.get(k, {}).get(name, {}).get("decode_tok_s") for k in ("on", "off", "peer")
+            on, off, peer, rows = (
+                by.get(k, {}).get(name, {}).get("decode_tok_s")
+                for k in ("on", "off", "peer", "peer-rows")
             )
             accepted = share.get("accepted_of_copied")
             lines.append(
                 f"| {name} | {share.get('copied', 0):.0%} | "
                 f"{'-' if accepted is None else f'{accepted:.0%}'} | {on or 0:.1f} | "
-                f"{off or 0:.1f} | {f'{peer:.1f}' if peer else '-'} | {_ratio(on, off)} | "
-                f"{_ratio(on, peer)} |"
+                f"{off or 0:.1f} | {f'{peer:.1f}' if peer else '-'} | "
+                f"{f'{rows:.1f}' if rows else '-'} | {_ratio(on, off)} | {_ratio(on, peer)} | "
+                f"{_ratio(on, rows)} |"
             )
         lines.append("")
     return "\n".join(lines)
