@@ -7,6 +7,8 @@ MLP 3072, vocabulary 151936, tied embeddings) with random bfloat16 weights: 1.19
 run starts from empty worker caches and runs one sender per worker at once, as the
 supervisor does before a start (launcher/model_sender.py, TRANSFER_STREAMS streams each); a
 second run of the share shows what the next start costs (nothing sent, the share checked).
+Beside them, the link's own ceiling (plain TCP, nothing hashed or written) and 2 ranks over
+the link capped at LINK_CAP, where the link and not these 2 cores bounds the rate.
 
     sudo .venv/bin/python -m bench.transfer [--work DIR] [--streams 4] [--json OUT]
 """
