@@ -107,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-first-"))
-    empty_kernel_cache = {} if args.warm_cache else {"TMPDIR": str(workdir / "tmp")}
-    (workdir / "tmp").mkdir()
-    env = bench_environment(args.cache_dir, MODEL=args.model, **empty_kernel_cache)
+    env = bench_environment(args.cache_dir, MODEL=args.model)
+    if not args.warm_cache:
+        (workdir / "tmp").mkdir()
+        env["TMPDIR"] = str(workdir / "tmp")  # an empty kernel cache for the ranks
     model_dir = resolve_model_dir(env)
     server = Ours(args.ranks, env, model_dir, workdir)
     wait_quiet(args.max_load, 600)

@@ -75,9 +75,12 @@ class _Reader:
         return values
 
     def array(self, count: int, code: str = "I") -> list[int]:
-        """`count` little-endian integers of struct type `code` (uint32 by default)."""
-        layout = struct.Struct(f"<{count}{code}")
-        return list(self.unpack(layout))
+        """`count` little-endian integers of struct type `code` (uint32 by default); by
+        format string, which struct compiles once and caches (this runs every step)."""
+        layout = f"<{count}{code}"
+        values = struct.unpack_from(layout, self.data, self.offset)
+        self.offset += struct.calcsize(layout)
+        return list(values)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from engine.batch_sampler import RowSampling
 from engine.step_plan import StepPlan, StepResult, step_width
 from ipc.protocol import Done
 from leader.prefill_budget import PrefillBudget
-from leader.prefix_cache import PlanOps
+from leader.prefix_cache import PlanOps, PrefixCache
 from leader.request import Ending, Request
 from leader.requests import Requests
 from leader.sampler import Sample
@@ -41,7 +41,6 @@ class Scheduler:
         prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.requests = requests
-        self.prefix = requests.prefix
         self.speculator = speculator or Speculator(0)
         self.prefill_budget = prefill_budget  # None: every step takes PREFILL_CHUNK_SIZE
         self.max_batch_size = max_batch_size
@@ -52,6 +51,12 @@ class Scheduler:
         self.next_token: dict[int, int] = {}
         # tokens taken but not streamed yet: (request, its sample, the end it made)
         self.streaming: list[tuple[Request, Sample, Ending | None]] = []
+
+    @property
+    def prefix(self) -> PrefixCache:
+        """The prefix cache's decisions: its requests' (one object, which the warm-up
+        swaps for none while it runs)."""
+        return self.requests.prefix
 
     # ---- step plans --------------------------------------------------------------
 

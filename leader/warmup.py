@@ -199,11 +199,11 @@ def isolated(scheduler: Scheduler) -> Iterator[None]:
     prefix, eos = scheduler.prefix, scheduler.eos_ids
     speculator = scheduler.speculator
     totals, drafted = copy.deepcopy(speculator.totals), copy.deepcopy(speculator.draft_totals)
-    scheduler.prefix = scheduler.requests.prefix = PrefixCache(0)
+    scheduler.requests.prefix = PrefixCache(0)
     scheduler.eos_ids = set()
     try:
         yield
     finally:
-        scheduler.prefix = scheduler.requests.prefix = prefix
+        scheduler.requests.prefix = prefix
         scheduler.eos_ids = eos
         speculator.totals, speculator.draft_totals = totals, drafted
