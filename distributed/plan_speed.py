@@ -1,7 +1,7 @@
 """Which split is fastest on these machines and this link, and how fast: every split the
 planner allows, with its predicted decode at 1 and 8 clients, prefill and longest
-context, best first (`./launch.sh plan`); and PARALLELISM=auto's choice, the fastest split
-that fits, with the reason for the log.
+context, best first (`./launch.sh plan`); and PARALLELISM=auto's choice, the split that fits
+with the best balance of the three speeds, with the reason for the log.
 
 Predictions come from the step-time model (distributed/step_model.py) over each split's
 work (distributed/step_work.py); memory from the same rules as the memory check
@@ -12,6 +12,7 @@ scaled to the safetensors' real bytes where a model directory is at hand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,6 @@ from distributed.step_work import PlanWork, plan_work
 CLIENTS = (1, 8)  # decode figures at 1 and 8 clients
 PREFILL_CHUNK = 512  # a prompt alone prefills in chunks this long (its figure)
 DECODE_CONTEXT = 512  # positions each decoding row has cached (attention's reads)
-TIE = 0.05  # auto: splits within 5% at 1 client are told apart at 8 clients
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,8 @@ def splits(
     **options: object,
 ) -> list[SplitSpeed]:
     """Every split of the model over the first 1..N of `hosts` that the planner allows,
-    best first: those that fit by decode at 1 client, then those that do not.
+    best first: those that fit by their balance of the three speeds (`balance`), then
+    those that do not.
     `weights(hosts)`: the rank weights for those hosts; `speed_for(n)`: machines and link
     for the first n."""
     out: list[SplitSpeed] = []
@@ -153,27 +154,43 @@ def splits(
             out.append(
                 measure_split(plan, some, speed_for(count), config, activation, **options)  # type: ignore[arg-type]
             )
-    return sorted(out, key=lambda s: (bool(s.why_not), -s.decode_tokens_per_s(1)))
+    fitting = [o for o in out if not o.why_not] or out
+    return sorted(out, key=lambda o: (bool(o.why_not), -balance(o, fitting)))
+
+
+def speeds(option: SplitSpeed) -> tuple[float, float, float]:
+    """The three figures a user waits on: decode tokens/s at 1 and 8 clients, prefill's."""
+    return (
+        option.decode_tokens_per_s(CLIENTS[0]),
+        option.decode_tokens_per_s(CLIENTS[-1]),
+        option.prefill_tokens_per_s,
+    )
+
+
+def balance(option: SplitSpeed, options: list[SplitSpeed]) -> float:
+    """The geometric mean of `option`'s three speeds, each over the best of `options`'
+    (1: best at all three)."""
+    best = [max(column) for column in zip(*map(speeds, options), strict=True)]
+    shares = [mine / top for mine, top in zip(speeds(option), best, strict=True)]
+    return float(math.prod(shares) ** (1 / len(shares)))
 
 
 def choose(options: list[SplitSpeed]) -> tuple[SplitSpeed, str]:
-    """The fastest split that fits (at 1 client; within TIE, at 8) and why, in words."""
+    """The split that fits with the best balance of decode at 1 and 8 clients and prefill,
+    and why, in words. Decode at 1 client alone chose a pipeline 6% ahead of a tensor split
+    that prefilled a 20K-token prompt 2.5x faster (docs/BENCHMARKS.md)."""
     fitting = [o for o in options if not o.why_not] or options
-    best = max(fitting, key=lambda o: o.decode_tokens_per_s(1))
-    close = [
-        o for o in fitting if o.decode_tokens_per_s(1) >= (1 - TIE) * best.decode_tokens_per_s(1)
-    ]
-    best = max(close, key=lambda o: o.decode_tokens_per_s(8))
-    others = "; ".join(
-        f"{o.name} {o.steps[1].ms:.1f} ms" + (f" (does not fit: {o.why_not})" if o.why_not else "")
-        for o in options
-        if o is not best
+    best = max(fitting, key=lambda o: balance(o, fitting))
+    why = "; ".join(
+        f"{o.name} {_figures(o)}" + (f" (does not fit: {o.why_not})" if o.why_not else "")
+        for o in [best, *(o for o in options if o is not best)]
     )
-    why = (
-        f"predicted decode step at 1 client {best.steps[1].ms:.1f} ms ({best.name}), "
-        f"{best.steps[8].ms:.1f} ms at 8" + (f"; {others}" if others else "")
-    )
-    return best, why
+    return best, f"predicted (decode at 1 client, at {CLIENTS[-1]}, prefill): {why}"
+
+
+def _figures(option: SplitSpeed) -> str:
+    one, many, prefill = speeds(option)
+    return f"{one:.1f}, {many:.1f}, {prefill:.0f} tok/s"
 
 
 def choose_plan(
@@ -185,7 +202,7 @@ def choose_plan(
     activation: int,
 ) -> Plan:
     """make_plan, with PARALLELISM=auto taking the split the step-time model predicts
-    fastest among those that fit (the plan's note says why). Every rank calls it with the
+    best among those that fit (`choose`; the plan's note says why). Every rank calls it with the
     same gathered figures, so every rank chooses the same."""
     world = len(hosts)
     if parallelism != "auto" or world == 1:

@@ -14,13 +14,14 @@ from distributed.chips import LINKS, Link, chip_named, link_named, parse_link
 from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
-from distributed.plan_speed import choose, choose_plan, measure_split, splits
+from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, measure_split, splits
 from distributed.step_model import (
     CROWDED_WAIT_MS,
     ClusterModel,
     Machine,
     Overhead,
     Speed,
+    StepTime,
     _busiest_touched,
     _touched,
     predict,
@@ -177,7 +178,7 @@ def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
     crowded = Speed((machine,) * 3, link_named("ring-local"), crowding=(1.5,) * 3)
     plan = choose_plan(SMOL, None, "auto", hosts, crowded, 4)
     assert plan.strategy == "pipeline" and plan.requested == "auto"
-    assert plan.note.startswith("auto: predicted decode step at 1 client") and "tensor" in plan.note
+    assert plan.note.startswith("auto: predicted (decode at 1 client") and "tensor" in plan.note
     # on their own machines, over RDMA, the tensor split's halved weights win
     apart = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(2)]
     fast = Speed((machine,) * 2, link_named("jaccl"))
@@ -189,8 +190,31 @@ def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
     assert [o.name for o in options][-1] == "1 rank" and options[-1].why_not  # 538 MB
     assert all(not o.why_not for o in options[:-1])
     best, why = choose([o for o in options if o.ranks == 2])
-    assert best.decode_tokens_per_s(1) == max(o.decode_tokens_per_s(1) for o in options[:-1])
+    assert best is options[0] and why.startswith(
+        f"predicted (decode at 1 client, at 8, prefill): {best.name}"
+    )
     assert measure_split(best.plan, small, Speed((machine,) * 2, LINK), SMOL, 4).steps[8].ms > 0
+
+
+def test_auto_weighs_prefill_and_many_clients_beside_one_client() -> None:
+    """A split a little slower for one client but much faster to prefill is chosen, and one
+    much faster for one client is chosen over a little faster prefill."""
+
+    def option(kind: str, one_ms: float, eight_ms: float, prefill_ms: float) -> SplitSpeed:
+        plan = make_plan(SMOL, 2, None, kind)
+        step = lambda ms: StepTime(ms, ms, 0.0, 0.0, 0)  # noqa: E731
+        steps = {1: step(one_ms), 8: step(eight_ms)}
+        return SplitSpeed(plan, plan_work(plan, 4), steps, step(prefill_ms), 8192)
+
+    # the long-context test model at 2 ranks: pipeline 6% ahead at 1 client
+    tensor, pipeline = option("tensor", 3.4, 6.0, 100.0), option("pipeline", 3.2, 6.1, 250.0)
+    assert choose([pipeline, tensor])[0] is tensor
+    assert balance(tensor, [tensor, pipeline]) < 1.0  # not best at one client
+    tensor, pipeline = option("tensor", 6.0, 9.0, 100.0), option("pipeline", 3.0, 6.0, 110.0)
+    assert choose([tensor, pipeline])[0] is pipeline
+    both = [tensor, pipeline]
+    assert balance(pipeline, both) > balance(tensor, both) and balance(pipeline, both) < 1.0
+    assert balance(pipeline, [pipeline]) == 1.0
 
 
 def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
