@@ -4,9 +4,17 @@ rank 0's warm-up (leader/warmup.py), ready."""
 
 from __future__ import annotations
 
+import time
+
 from ipc.status import RankState, Status
 from launcher.job import RankJob
 from launcher.start_progress import Progress
+
+# Before rank 0's socket is up, mlx.launch is nudged this often: the ranks close their
+# stdin as they start, so a byte after that ends its spinning. Nudged only at the socket,
+# it still spun through the ranks' first probe (the link read 584-605 us a collective
+# against 72-80 us after the load), and PARALLELISM=auto chose by that figure.
+NUDGE_EVERY_S = 1.0
 
 
 class ReadyWatch:
@@ -17,19 +25,23 @@ class ReadyWatch:
         self.progress = progress
         self.socket_seen = False
         self.warming_seen = False
+        self.nudged = time.monotonic()
 
     def look(self) -> Status | None:
         """One look: a progress line for each stage reached; rank 0's status once ready."""
         job = self.job
         if not job.socket_exists():
+            if time.monotonic() - self.nudged >= NUDGE_EVERY_S:
+                job.nudge()
+                self.nudged = time.monotonic()
             return None
         if not self.socket_seen:
             self.progress.say("    socket is up; waiting for every rank to load")
             self.socket_seen = True
-            # Now, not once ready: rank 0 binds its socket after the group handshake, which
-            # every rank enters with its stdin closed, and a spinning mlx.launch takes a
-            # core from the load. The check that it worked waits for ready (it takes
-            # seconds).
+            # Again now, not only once ready: rank 0 binds its socket after the group
+            # handshake, which every rank enters with its stdin closed, and a spinning
+            # mlx.launch takes a core from the load. The check that it worked waits for
+            # ready (it takes seconds).
             job.nudge()
         status = job.status()
         if status is None:

@@ -336,3 +336,38 @@ def test_degraded_mode_leaves_out_a_worker_that_does_not_answer_when_the_model_f
     assert "Connection refused" in left_out[0].reason
     # without the model's directory the fit cannot be checked: wait instead
     assert "the model directory is unknown" in choose_workers(settings, workers, None).wait
+
+
+def test_mlx_launch_is_nudged_until_rank_0s_socket_is_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before rank 0's socket appears the watch nudges mlx.launch once a second (the ranks'
+    first probe must not share the cores with its spinning), and once more at the socket."""
+    from launcher import readiness
+    from launcher.start_progress import Progress
+
+    class Job:  # what ReadyWatch asks of a RankJob, without ranks
+        socket_up = False
+        nudges = 0
+
+        def socket_exists(self) -> bool:
+            return self.socket_up
+
+        def nudge(self) -> bool:
+            self.nudges += 1
+            return True
+
+        def status(self) -> None:
+            return None
+
+    clock = [100.0]
+    monkeypatch.setattr(readiness.time, "monotonic", lambda: clock[0])
+    job = Job()
+    watch = readiness.ReadyWatch(job, Progress(tmp_path / "progress", True))  # type: ignore[arg-type]
+    for _ in range(10):  # 2.5 s of the supervisor's looks, 0.25 s apart
+        clock[0] += 0.25
+        assert watch.look() is None
+    assert job.nudges == 2
+    job.socket_up = True
+    assert watch.look() is None and job.nudges == 3
+    assert "socket is up" in (tmp_path / "progress").read_text()
