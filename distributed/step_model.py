@@ -267,16 +267,6 @@ def predict(
     )
 
 
-def decode_tokens_per_s(work: PlanWork, speed: Speed, clients: int, context: int = 0) -> float:
-    """Tokens a second all `clients` get together, one token each a step."""
-    return 1000.0 * clients / predict(work, speed, clients, context=context).ms
-
-
-def prefill_tokens_per_s(work: PlanWork, speed: Speed, chunk: int = 512) -> float:
-    """Prompt tokens a second for a prompt prefilled alone in chunks of `chunk`."""
-    return 1000.0 * chunk / predict(work, speed, 1, prefill=chunk).ms
-
-
 @dataclass(frozen=True)
 class ClusterModel:
     """The running cluster's plan work on its measured speed: what rank 0's rules ask

@@ -204,7 +204,7 @@ def test_auto_weighs_prefill_and_many_clients_beside_one_client() -> None:
         plan = make_plan(SMOL, 2, None, kind)
         step = lambda ms: StepTime(ms, ms, 0.0, 0.0, 0)  # noqa: E731
         steps = {1: step(one_ms), 8: step(eight_ms)}
-        return SplitSpeed(plan, plan_work(plan, 4), steps, step(prefill_ms), 8192)
+        return SplitSpeed(plan, plan_work(plan, 4), steps, 512, prefill_ms, 8192)
 
     # the long-context test model at 2 ranks: pipeline 6% ahead at 1 client
     tensor, pipeline = option("tensor", 3.4, 6.0, 100.0), option("pipeline", 3.2, 6.1, 250.0)
@@ -215,6 +215,27 @@ def test_auto_weighs_prefill_and_many_clients_beside_one_client() -> None:
     both = [tensor, pipeline]
     assert balance(pipeline, both) > balance(tensor, both) and balance(pipeline, both) < 1.0
     assert balance(pipeline, [pipeline]) == 1.0
+
+
+def test_the_prefill_figure_is_an_agents_prompt_with_attention_over_its_cache() -> None:
+    """The plan's prefill figure is a prompt of PREFILL_PROMPT tokens chunk by chunk, so a
+    split that divides attention (by heads) prefills a long prompt faster than a pipeline
+    whose every stage attends over it whole."""
+    from distributed.plan_speed import PREFILL_CHUNK, PREFILL_PROMPT
+
+    slow_attention = Machine(
+        "m", 2**34, 8, rates=((1, 1e7), (16, 1e7)), attention_flops_per_ms=1e6, overhead=FREE
+    )
+    hosts = [RankHost(host=f"mac{i}", cores=8, memory_bytes=2**34) for i in range(2)]
+    speed = Speed((slow_attention,) * 2, link_named("jaccl"))
+    tensor, pipeline = (
+        measure_split(make_plan(SMOL, 2, None, kind), hosts, speed, SMOL, 4)
+        for kind in ("tensor", "pipeline")
+    )
+    first_chunk = 1000 * PREFILL_CHUNK / predict(tensor.work, speed, 1, prefill=PREFILL_CHUNK).ms
+    assert tensor.prefill_tokens == PREFILL_PROMPT
+    assert tensor.prefill_tokens_per_s < first_chunk / 2  # later chunks attend over more
+    assert tensor.prefill_tokens_per_s > 1.5 * pipeline.prefill_tokens_per_s
 
 
 def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
