@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -100,6 +101,12 @@ def _figures(
     }
 
 
+def _plan(endpoint: Endpoint) -> str:
+    """Our cluster's split, from its status."""
+    status = httpx.get(f"{endpoint.url}/cluster/status", timeout=30).json()
+    return str(status.get("plan", {}).get("strategy", "single"))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
@@ -117,8 +124,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # a 32K prefill beside answers, on a CPU, outlasts the default request timeout
+    # The split pinned (unless PARALLELISM is set), so runs compare: this 4-layer model's
+    # two splits are predicted within this VM's noise (the link read 70-250 us a collective
+    # from one start to the next), so auto chose a pipeline in some starts, whose prompt
+    # alone took 17-20 s against the head split's 7-8 s (docs/BENCHMARKS.md).
     env = bench_environment(
         args.cache_dir,
+        PARALLELISM=os.environ.get("PARALLELISM", "tensor"),
         MAX_SEQUENCE_LENGTH="65536",
         KEEP_WARM_SECONDS="0",
         REQUEST_TIMEOUT_SECONDS="3600",
@@ -133,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                     figures = asyncio.run(
                         long_prompt_beside_streams(server.endpoint, args.tokens, args.before)
                     )
-                    rows.append({"server": server.name, "ranks": ranks, **figures})
+                    name = server.name
+                    if kind == "ours":  # auto decides it at each start
+                        name += f" ({_plan(server.endpoint)})"
+                    rows.append({"server": name, "ranks": ranks, **figures})
                     log(json.dumps(rows[-1]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}))
@@ -143,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(rows: list[dict[str, Any]]) -> str:
     return rows_table(
-        "ranks | server | prompt tokens | time to first token: alone, beside answers (s) "
+        "ranks | server (our plan) | prompt tokens "
+        "| time to first token: alone, beside answers (s) "
         "| answers' ITL before / during (ms) | answers keep",
         rows,
         _cells,
