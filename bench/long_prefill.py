@@ -123,11 +123,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # a 32K prefill beside answers, on a CPU, outlasts the default request timeout
     # The split pinned (unless PARALLELISM is set), so runs compare: this 4-layer model's
     # two splits are predicted within this VM's noise (the link read 70-250 us a collective
     # from one start to the next), so auto chose a pipeline in some starts, whose prompt
-    # alone took 17-20 s against the head split's 7-8 s (docs/BENCHMARKS.md).
+    # alone took 17-20 s against the head split's 7-8 s (docs/BENCHMARKS.md). A 32K
+    # prefill beside answers, on a CPU, outlasts the default request timeout.
     env = bench_environment(
         args.cache_dir,
         PARALLELISM=os.environ.get("PARALLELISM", "tensor"),
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                         long_prompt_beside_streams(server.endpoint, args.tokens, args.before)
                     )
                     name = server.name
-                    if kind == "ours":  # auto decides it at each start
+                    if kind == "ours":  # the split it ran
                         name += f" ({_plan(server.endpoint)})"
                     rows.append({"server": name, "ranks": ranks, **figures})
                     log(json.dumps(rows[-1]))
