@@ -155,8 +155,9 @@ def load_for_rank(
         started = time.perf_counter()
         # before the load, for PARALLELISM=auto's choice; once more after it, for the
         # figures that last: the first can overlap a launcher still spinning on its ranks'
-        # stdin (launch.sh quiets it when rank 0's socket appears), which took 40% off the
-        # rate of one row's products in a probe at that moment (docs/BENCHMARKS.md)
+        # stdin (the supervisor nudges it each second until rank 0's socket is up,
+        # launcher/readiness.py), which took 40% off the rate of one row's products in a
+        # probe at that moment (docs/BENCHMARKS.md)
         speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
         log.info("%s (%.2f s)", describe_speed(speed), time.perf_counter() - started)
         plan = choose_plan(config, weights, settings.parallelism, hosts, speed, activation)
