@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     for ranks in args.ranks:
         for kind in args.servers:
             with running(server_of(kind, ranks, env, model, workdir), args.max_load) as server:
+                name = server.name
+                if kind == "ours":  # the split it runs
+                    name += f" ({_plan(server.endpoint)})"
                 for _ in range(args.trials):
                     figures = asyncio.run(
                         long_prompt_beside_streams(server.endpoint, args.tokens, args.before)
                     )
-                    name = server.name
-                    if kind == "ours":  # the split it ran
-                        name += f" ({_plan(server.endpoint)})"
                     rows.append({"server": name, "ranks": ranks, **figures})
                     log(json.dumps(rows[-1]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
