@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 
 from config.settings import Settings
@@ -24,9 +25,10 @@ from ipc.events import Cancelled, Closed, Event, ShutdownAsked, Submitted
 from ipc.status import Counters, RankState, RankStatus, Status, StepModelStatus
 from leader.booting import Boot
 from leader.burst import gather_burst
+from leader.requests import Requests
 from leader.scheduler import Scheduler
 from leader.step_times import StepTimes
-from leader.warmup import WarmUp, isolated
+from leader.warmup import WarmUp, isolated, template_head, uncounted
 
 log = logging.getLogger("ring")
 # What status reports of the model config (the rest is in /model/info's facts).
@@ -195,26 +197,43 @@ class Leader:
         """Run the warm-up's requests to their end, then say ready (a shutdown asked
         meanwhile ends it early: the step loop then stops every rank)."""
         started = time.perf_counter()
-        scheduler, engine = self.scheduler, self.loaded.engine
+        scheduler = self.scheduler
         with isolated(scheduler):
-            while self.state == RankState.WARMING:
-                while True:  # submits are refused while warming (ipc/server.py)
-                    try:
-                        self._handle(self.boot.events.get_nowait())
-                    except queue.Empty:
-                        break
-                if self.state != RankState.WARMING:
+            if not self._warm_steps(warm, warm.submit_next):
+                return
+        head = template_head(scheduler.requests)
+        primed = scheduler.prefix.enabled and len(head) >= scheduler.prefix.index.min_tokens
+        if primed:
+            with uncounted(scheduler.prefix):
+                scheduler.requests.prime(head)
+                if not self._warm_steps(warm, lambda _: False):
                     return
-                if scheduler.has_work(engine):
-                    self._step(warm)
-                elif not warm.submit_next(scheduler.requests):
-                    break
-            self._stream()  # their last tokens: sent to no connection
         seconds = time.perf_counter() - started
         self.warmed = f"{warm.submitted} requests in {warm.steps} steps, {seconds:.2f} s"
+        if primed:
+            self.warmed += f"; the chat template's first {len(head)} tokens cached"
         self.counters, self.last_step_ms = Counters(), None
         self.state = RankState.READY
         log.info("warm-up: %s", self.warmed)
+
+    def _warm_steps(self, warm: WarmUp, submit_next: Callable[[Requests], bool]) -> bool:
+        """Step the warm-up's requests to their end, `submit_next` queueing more while it
+        says so; False where a shutdown was asked meanwhile."""
+        scheduler, engine = self.scheduler, self.loaded.engine
+        while self.state == RankState.WARMING:
+            while True:  # submits are refused while warming (ipc/server.py)
+                try:
+                    self._handle(self.boot.events.get_nowait())
+                except queue.Empty:
+                    break
+            if self.state != RankState.WARMING:
+                return False
+            if scheduler.has_work(engine):
+                self._step(warm)
+            elif not submit_next(scheduler.requests):
+                break
+        self._stream()  # their last tokens: sent to no connection
+        return True
 
     def _gather_burst(self) -> None:
         """Take the requests that follow one to an idle cluster (BURST_WINDOW_MS)."""

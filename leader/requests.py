@@ -13,6 +13,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from dataclasses import replace
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -150,6 +151,14 @@ class Requests:
         the code"); every rank steps it."""
         params = SamplingParams(max_tokens=1, temperature=0.0)
         self.submit(KEEP_WARM, Submit(id="keep-warm", prompt="Hello", params=params))
+
+    def prime(self, tokens: list[int]) -> None:
+        """Queue a one-token request of rank 0's own whose prompt is `tokens`, to put them
+        in the prefix cache (the warm-up's template opening, leader/warmup.py)."""
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        submit = Submit(id="warm-up-head", prompt=" ", params=params)
+        setup = self.setup.prepare(submit)
+        self._queue(KEEP_WARM, submit, replace(setup, prompt=list(tokens)))
 
     @property
     def client_rows(self) -> int:

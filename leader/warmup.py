@@ -29,6 +29,15 @@ back, as it does a rejected proposal. Isolation: while warming, the prefix cache
 (nothing is stored, on disk either), EOS ends no warm-up answer, the loop keeps no step
 time (speculation's step costs, the prefill budget), and the counters and speculation
 totals are put back as they were; rank 0's socket refuses submits (status "warming").
+
+Last, with the prefix cache back on, one more request of rank 0's own prefills the chat
+template's opening, what every one-message chat starts with (the template's default
+system prompt where it has one, 25 tokens for SmolLM2), so that a first request reuses it
+as later ones do: measured, with the prefix cache off the first request took as long as
+the tenth identical one (1.05x), with it on 1.2-2.3x, the tenth having its whole prompt
+cached (docs/BENCHMARKS.md, "The first request after a start or a restart"). A chat with a
+system prompt of its own shares only the template's first tokens with it. Its prefill is
+not counted as a hit or a miss, nor saved to disk (it is primed again at every start).
 """
 
 from __future__ import annotations
@@ -53,6 +62,9 @@ log = logging.getLogger("ring.warmup")
 
 WARM_CHUNK = 24  # prompt tokens a step in phase 2: three chunks for its prompt
 FILLER = "Warm the kernels up with this sentence about rivers, stones and quiet light. "
+# Two first messages that share no first character: what their prompts share is the
+# template's opening.
+HEAD_PROBES = ("Where is the harbour?", "2 + 2 = ?")
 
 
 @dataclass
@@ -207,3 +219,33 @@ def isolated(scheduler: Scheduler) -> Iterator[None]:
         scheduler.requests.prefix = prefix
         scheduler.eos_ids = eos
         speculator.totals, speculator.draft_totals = totals, drafted
+
+
+def template_head(requests: Requests) -> list[int]:
+    """The tokens every one-message chat starts with (none where the template cannot render
+    one): the shared start of two such chats' prompts."""
+    prompts = []
+    for text in HEAD_PROBES:
+        submit = Submit(
+            id="warm-up-head",
+            messages=[ChatMessage(role="user", content=text)],
+            params=SamplingParams(max_tokens=1),
+        )
+        try:
+            prompts.append(requests.setup.prepare(submit).prompt)
+        except Refusal:
+            return []
+    first, second = prompts
+    pairs = zip(first, second, strict=False)
+    shared = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
+    return first[:shared]
+
+
+@contextmanager
+def uncounted(prefix: PrefixCache) -> Iterator[None]:
+    """The prefix cache's hit and miss counters as they were before."""
+    counts = prefix.hits, prefix.hit_tokens, prefix.misses
+    try:
+        yield
+    finally:
+        prefix.hits, prefix.hit_tokens, prefix.misses = counts

@@ -104,9 +104,11 @@ def chat(url: str, prompt: str, max_tokens: int) -> int:
     perf = payload.get("performance", {})
     print(f"prompt:  {prompt}")
     print(f"answer:  {answer.strip()}")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     print(
-        f"usage:   {usage.get('prompt_tokens')} prompt + {usage.get('completion_tokens')} "
-        f"completion tokens, {elapsed:.2f} s round trip"
+        f"usage:   {usage.get('prompt_tokens')} prompt"
+        + (f" ({cached} cached)" if cached is not None else "")
+        + f" + {usage.get('completion_tokens')} completion tokens, {elapsed:.2f} s round trip"
     )
     if perf:
         print("perf:    " + ", ".join(f"{key} {value}" for key, value in perf.items()))

@@ -155,6 +155,8 @@ def test_start_serves_and_start_again_is_a_no_op(project: Project) -> None:
     # the warm-up is a step of its own, before ready (leader/warmup.py)
     assert "==> Warm-up: every rank runs rank 0's first requests" in done.stdout, done.stdout
     assert re.search(r"warmed up: \d+ requests in \d+ steps, [\d.]+ s", done.stdout)
+    # and put the chat template's opening (SmolLM2's default system prompt) in the cache
+    assert re.search(r"the chat template's first \d\d+ tokens cached", done.stdout), done.stdout
     KERNELS.update({rank: mapped_kernels(pid) for rank, pid in _ranks(project).items()})
     assert "curl http://127.0.0.1:" in done.stdout
     assert f"supervisor pid {project.pid('supervisor.pid')}" in done.stdout
@@ -190,6 +192,9 @@ def _first_request_found_everything_ready(project: Project, kernels: dict[int, s
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"^answer: .*Paris", done.stdout, re.MULTILINE), done.stdout
     assert "perf:" in done.stdout and "completion tokens" in done.stdout
+    # its prompt reused the template's opening the warm-up cached; the rest is new
+    cached = re.search(r"^usage: +(\d+) prompt \((\d+) cached\)", done.stdout, re.MULTILINE)
+    assert cached and 16 <= int(cached.group(2)) < int(cached.group(1)), done.stdout
     for rank, pid in _ranks(project).items():
         new = mapped_kernels(pid) - kernels[rank]
         assert not new, f"rank {rank} compiled {len(new)} kernels after ready: {sorted(new)[:3]}"
