@@ -28,7 +28,7 @@ from leader.burst import gather_burst
 from leader.requests import Requests
 from leader.scheduler import Scheduler
 from leader.step_times import StepTimes
-from leader.warmup import WarmUp, isolated, template_head, uncounted
+from leader.warmup import WarmUp, isolated, opening, uncounted
 
 log = logging.getLogger("ring")
 # What status reports of the model config (the rest is in /model/info's facts).
@@ -201,16 +201,15 @@ class Leader:
         with isolated(scheduler):
             if not self._warm_steps(warm, warm.submit_next):
                 return
-        head = template_head(scheduler.requests)
-        primed = scheduler.prefix.enabled and len(head) >= scheduler.prefix.index.min_tokens
-        if primed:
+        head = opening(scheduler.requests)
+        if head:
             with uncounted(scheduler.prefix):
                 scheduler.requests.prime(head)
                 if not self._warm_steps(warm, lambda _: False):
                     return
         seconds = time.perf_counter() - started
         self.warmed = f"{warm.submitted} requests in {warm.steps} steps, {seconds:.2f} s"
-        if primed:
+        if head:
             self.warmed += f"; the chat template's first {len(head)} tokens cached"
         self.counters, self.last_step_ms = Counters(), None
         self.state = RankState.READY

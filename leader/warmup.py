@@ -241,6 +241,15 @@ def template_head(requests: Requests) -> list[int]:
     return first[:shared]
 
 
+def opening(requests: Requests) -> list[int]:
+    """The template's opening to prime, or none: where the prefix cache is off, or the
+    opening is shorter than an entry's minimum, or leaves no room in the context."""
+    head = template_head(requests)
+    index = requests.prefix.index
+    fits = index.min_tokens <= len(head) < min(index.budget_tokens, requests.max_sequence_length)
+    return head if requests.prefix.enabled and fits else []
+
+
 @contextmanager
 def uncounted(prefix: PrefixCache) -> Iterator[None]:
     """The prefix cache's hit and miss counters as they were before."""

@@ -14,7 +14,7 @@ from ipc.protocol import ChatMessage, Delta, Done, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
 from leader.requests import Requests
 from leader.scheduler import Scheduler
-from leader.warmup import template_head, uncounted
+from leader.warmup import opening, template_head, uncounted
 from tests.support.tiny_models import CHATML_TEMPLATE, write_tiny_model
 
 DEFAULT_SYSTEM = "You are a patient assistant who answers about harbours and boats."
@@ -90,7 +90,8 @@ def test_a_first_chat_reuses_the_primed_opening_and_the_counters_do_not_count_it
     prefix = PrefixCache(budget_tokens=4096)
     scheduler = Scheduler(Requests(tokenizer, 512, prefix), 4)
     engine = BatchEngine(model, 64)
-    head = template_head(scheduler.requests)
+    head = opening(scheduler.requests)
+    assert head == template_head(scheduler.requests)
     with uncounted(prefix):
         scheduler.requests.prime(head)
         while scheduler.has_work(engine):
@@ -106,3 +107,15 @@ def test_a_first_chat_reuses_the_primed_opening_and_the_counters_do_not_count_it
     alone, done = answer(fresh, BatchEngine(model, 64), chat(FIRST_MESSAGES[0]))
     assert done.usage.prompt_tokens_details.cached_tokens == 0
     assert answers[0] == alone  # the reused opening answers as a full prefill would
+
+
+def test_nothing_is_primed_without_a_cache_or_room_or_an_opening_worth_an_entry(
+    tiny, tmp_path_factory
+) -> None:
+    _, tokenizer = tiny
+    length = len(template_head(Requests(tokenizer, 512)))
+    assert opening(Requests(tokenizer, 512)) == []  # the prefix cache off (no budget)
+    assert opening(Requests(tokenizer, length, PrefixCache(4096))) == []  # no room to answer
+    assert len(opening(Requests(tokenizer, length + 1, PrefixCache(4096)))) == length
+    plain = load_tokenizer(write_tiny_model(tmp_path_factory.mktemp("plain")))
+    assert opening(Requests(plain, 512, PrefixCache(4096))) == []  # "<|im_start|>user\n"
