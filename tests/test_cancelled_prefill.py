@@ -8,11 +8,11 @@ import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
 from leader.requests import Requests
 from leader.scheduler import Scheduler
+from tests.support.steps import engine_step
 from tests.support.tiny_models import write_tiny_model
 
 CHUNK = 16
@@ -25,22 +25,12 @@ def tiny(tmp_path_factory):
     return load_model(directory)[0], load_tokenizer(directory)
 
 
-def step(scheduler: Scheduler, engine: BatchEngine) -> list:
-    """One step as the leader runs it; the messages it produced."""
-    engine.apply(StepPlan.decode(scheduler.build_plan(engine).encode()))
-    scheduler.on_result(engine.run(scheduler.sampling_rows))
-    scheduler.stream_pending()
-    sent = [message for _, message in scheduler.requests.outbox]
-    scheduler.requests.outbox = []
-    return sent
-
-
 def answer(scheduler: Scheduler, engine: BatchEngine, request_id: str) -> tuple[list[int], Done]:
     params = SamplingParams(max_tokens=6, temperature=0.0)
     scheduler.requests.submit(1, Submit(id=request_id, prompt=PROMPT, params=params))
     tokens: list[int] = []
     while True:
-        for message in step(scheduler, engine):
+        for message in engine_step(scheduler, engine):
             if isinstance(message, Delta) and message.id == request_id:
                 tokens += message.token_ids
             elif isinstance(message, Done) and message.id == request_id:
@@ -54,7 +44,7 @@ def test_a_prefill_cancelled_mid_prompt_leaves_its_chunks_for_the_next(tiny):
     params = SamplingParams(max_tokens=6, temperature=0.0)
     scheduler.requests.submit(1, Submit(id="interrupted", prompt=PROMPT, params=params))
     for _ in range(3):  # three chunks of the prompt, no token yet
-        assert not any(isinstance(m, Delta) for m in step(scheduler, engine))
+        assert not any(isinstance(m, Delta) for m in engine_step(scheduler, engine))
     assert [p.length for p in engine.prefilling] == [3 * CHUNK]
     scheduler.requests.cancel(1, "interrupted")
     tokens, done = answer(scheduler, engine, "again")

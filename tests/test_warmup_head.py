@@ -9,12 +9,12 @@ import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from engine.step_plan import StepPlan
 from ipc.protocol import ChatMessage, Delta, Done, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
 from leader.requests import Requests
 from leader.scheduler import Scheduler
 from leader.warmup import opening, template_head, uncounted
+from tests.support.steps import engine_step
 from tests.support.tiny_models import CHATML_TEMPLATE, write_tiny_model
 
 DEFAULT_SYSTEM = "You are a patient assistant who answers about harbours and boats."
@@ -65,20 +65,11 @@ def test_a_template_without_a_default_system_prompt_opens_with_the_user_turn(
     assert head == list(tokenizer.encode("<|im_start|>user\n", add_special_tokens=False))
 
 
-def step(scheduler: Scheduler, engine: BatchEngine) -> list:
-    engine.apply(StepPlan.decode(scheduler.build_plan(engine).encode()))
-    scheduler.on_result(engine.run(scheduler.sampling_rows))
-    scheduler.stream_pending()
-    sent = [message for _, message in scheduler.requests.outbox]
-    scheduler.requests.outbox = []
-    return sent
-
-
 def answer(scheduler: Scheduler, engine: BatchEngine, submit: Submit) -> tuple[list[int], Done]:
     scheduler.requests.submit(1, submit)
     tokens: list[int] = []
     while True:
-        for message in step(scheduler, engine):
+        for message in engine_step(scheduler, engine):
             if isinstance(message, Delta) and message.id == submit.id:
                 tokens += message.token_ids
             elif isinstance(message, Done) and message.id == submit.id:
@@ -95,7 +86,7 @@ def test_a_first_chat_reuses_the_primed_opening_and_the_counters_do_not_count_it
     with uncounted(prefix):
         scheduler.requests.prime(head)
         while scheduler.has_work(engine):
-            step(scheduler, engine)  # its messages go to rank 0's own connection
+            engine_step(scheduler, engine)  # its messages go to rank 0's own connection
     assert (prefix.hits, prefix.misses, prefix.stats().entries) == (0, 0, 1)
     answers = []
     for text in FIRST_MESSAGES[:2]:

@@ -1,11 +1,13 @@
-"""Drive rank 0's scheduler without a model: logits in, messages out, as the leader does."""
+"""Drive rank 0's scheduler as the leader does: without a model (logits in, messages out),
+or over a batch engine in the same process (each plan through its wire form)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from engine.batch_engine import BatchEngine
 from engine.batch_sampler import sample
-from engine.step_plan import StepResult
+from engine.step_plan import StepPlan, StepResult
 from leader.scheduler import Scheduler
 
 
@@ -15,3 +17,13 @@ def take_step(scheduler: Scheduler, seq_ids: list[int], logits: mx.array) -> Non
     mx.eval(sampled.arrays())
     scheduler.on_result(StepResult(seq_ids, logits, sampled=sampled))
     scheduler.stream_pending()
+
+
+def engine_step(scheduler: Scheduler, engine: BatchEngine) -> list:
+    """One step of the scheduler's plan on `engine`; the messages it produced."""
+    engine.apply(StepPlan.decode(scheduler.build_plan(engine).encode()))
+    scheduler.on_result(engine.run(scheduler.sampling_rows))
+    scheduler.stream_pending()
+    sent = [message for _, message in scheduler.requests.outbox]
+    scheduler.requests.outbox = []
+    return sent
