@@ -32,7 +32,7 @@ totals are put back as they were; rank 0's socket refuses submits (status "warmi
 
 Last, with the prefix cache back on, one more request of rank 0's own prefills the chat
 template's opening, what every one-message chat starts with (the template's default
-system prompt where it has one, 25 tokens for SmolLM2), so that a first request reuses it
+system prompt where it has one, 24 tokens for SmolLM2), so that a first request reuses it
 as later ones do: measured, with the prefix cache off the first request took as long as
 the tenth identical one (1.05x), with it on 1.2-2.3x, the tenth having its whole prompt
 cached (docs/BENCHMARKS.md, "The first request after a start or a restart"). A chat with a
