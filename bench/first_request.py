@@ -12,8 +12,8 @@ as on a machine whose /tmp was emptied, without touching the shared /tmp/mlx
 another and reports each one's time as the client saw it (round trip) and as rank 0
 measured it (`performance.total_time`), the first against the last, and one more after
 --idle seconds without work (a control: as long a pause as the first had, no first
-use); the same again after SIGKILL of rank 1, once the supervisor has the job serving
-again. The warm-up's own time is read from server.log ("warm-up: ... steps, X s").
+use); the same again after SIGKILL of the last rank (rank 0 alone at 1 rank), once the
+supervisor has the job serving again. The warm-up's own time is read from server.log ("warm-up: ... steps, X s").
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows.append(row("after start", series(url, args.requests, args.max_tokens, args.idle)))
         rows[-1]["start_s"] = round(start_s, 1)
-        rank1 = int((ROOT / "run" / "rank-1.pid").read_text())
-        os.kill(rank1, signal.SIGKILL)
+        last = int((ROOT / "run" / f"rank-{args.ranks - 1}.pid").read_text())
+        os.kill(last, signal.SIGKILL)
         killed = time.monotonic()
         time.sleep(1.0)  # the supervisor notices; /health turns 503
         wait_ready(url, 600)
