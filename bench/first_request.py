@@ -13,7 +13,8 @@ another and reports each one's time as the client saw it (round trip) and as ran
 measured it (`performance.total_time`), the first against the last, and one more after
 --idle seconds without work (a control: as long a pause as the first had, no first
 use); the same again after SIGKILL of the last rank (rank 0 alone at 1 rank), once the
-supervisor has the job serving again. The warm-up's own time is read from server.log ("warm-up: ... steps, X s").
+supervisor has the job serving again. The warm-up's own time is read from server.log
+("warm-up: ... steps, X s").
 """
 
 from __future__ import annotations
