@@ -129,6 +129,9 @@ cmd_start() { # [--foreground]: run the supervisor in this process (launchd, sys
     local foreground="${1:-}"
     setup_venv
     [[ -n "$foreground" ]] && recorded_settings # the service's starts restart what ran
+    # a plain start decides PARALLELISM=auto's split anew; restarts keep it
+    # (launcher/auto_split.py)
+    [[ -z "$foreground" && -z "${RESTARTING:-}" ]] && rm -f "$RUN/auto-split"
     step "Settings (.env, environment overrides)"
     load_settings
     info "$(remote_mode && echo "remote mode: this host + WORKER_HOSTS=$(cfg WORKER_HOSTS)" ||
@@ -170,7 +173,7 @@ cmd_restart() { # stop, then start with the settings in force and this environme
         load_settings # a bad setting fails here, before anything is stopped
         show_setting_changes
     fi
-    cmd_stop && cmd_start
+    cmd_stop && RESTARTING=1 cmd_start
 }
 
 # ---- stop -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from acquisition.source import ModelSourceError, resolve_model, served_names
 from config.settings import Settings
 from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
+from distributed.kept_split import kept_split
 from distributed.memory import activation_bytes
 from distributed.model_shape import ModelShape, PlanError
 from distributed.pipeline import MlxLmPipeline, PipelineStage
@@ -160,7 +161,8 @@ def load_for_rank(
         # probe at that moment (docs/BENCHMARKS.md)
         speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
         log.info("%s (%.2f s)", describe_speed(speed), time.perf_counter() - started)
-        plan = choose_plan(config, weights, settings.parallelism, hosts, speed, activation)
+        kept = kept_split()
+        plan = choose_plan(config, weights, settings.parallelism, hosts, speed, activation, kept)
     except PlanError as exc:
         raise ModelLoadError(f"cannot split the model over {group.size()} ranks: {exc}") from None
     share_of = None

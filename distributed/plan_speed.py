@@ -1,7 +1,8 @@
 """Which split is fastest on these machines and this link, and how fast: every split the
 planner allows, with its predicted decode at 1 and 8 clients, prefill and longest
 context, best first (`./launch.sh plan`); and PARALLELISM=auto's choice, the split that fits
-with the best balance of the three speeds, with the reason for the log.
+with the best balance of the three speeds, with the reason for the log. A restart keeps
+the split that ran before it (distributed/kept_split.py).
 
 Predictions come from the step-time model (distributed/step_model.py) over each split's
 work (distributed/step_work.py); memory from the same rules as the memory check
@@ -208,10 +209,12 @@ def choose_plan(
     hosts: list[RankHost],
     speed: Speed,
     activation: int,
+    kept: str = "",
 ) -> Plan:
     """make_plan, with PARALLELISM=auto taking the split the step-time model predicts
-    best among those that fit (`choose`; the plan's note says why). Every rank calls it with the
-    same gathered figures, so every rank chooses the same."""
+    best among those that fit (`choose`; the plan's note says why), or `kept` ("tensor" or
+    "pipeline", the split that ran before a restart) where it fits. Every rank calls it with
+    the same gathered figures and environment, so every rank chooses the same."""
     world = len(hosts)
     if parallelism != "auto" or world == 1:
         return make_plan(config, world, weights, parallelism, hosts)
@@ -225,7 +228,16 @@ def choose_plan(
     if len(options) < 2:
         return make_plan(config, world, weights, parallelism, hosts)
     best, why = choose(options)
+    before = next((o for o in options if split_kind(o.plan) == kept and not o.why_not), None)
+    if before is not None:
+        best = before
+        why = f"kept {before.name}, the split before this restart (a start decides anew); {why}"
     return best.plan.model_copy(update={"requested": "auto", "note": f"auto: {why}"})
+
+
+def split_kind(plan: Plan) -> str:
+    """ "tensor" or "pipeline": the kind of split PARALLELISM names."""
+    return "tensor" if plan.is_tensor else plan.strategy
 
 
 def describe(options: list[SplitSpeed], sequences: int) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from acquisition.received import RECEIVED_ENV
+from distributed.kept_split import KEPT_SPLIT_ENV
 from launcher import cpu_layer
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def launch_sh_argv(
         # OpenBLAS's own variables, travel with --env (an SSH session starts without them).
         # The model's key tells the workers' ranks what the first host sent them.
         names = set(settings.as_env()) | {k for k in environ if k.startswith("OPENBLAS_")}
-        names.add(RECEIVED_ENV)
+        names |= {RECEIVED_ENV, KEPT_SPLIT_ENV}
         job.rank_env = {k: environ[k] for k in sorted(names) if k in environ}
         job.rank_env[cpu_layer.SWITCH] = settings.native_kernels
         # mlx.launch busy-loops on each remote rank's ssh stdin pipe too;

@@ -22,6 +22,7 @@ from config.settings import Settings
 from ipc.client import ClientError, RankClient, get_status
 from ipc.protocol import Shutdown
 from ipc.status import Status
+from launcher.auto_split import kept
 from launcher.command import launch_sh_argv
 from launcher.hostfile import build_hosts, free_port_run, render
 from launcher.paths import Paths
@@ -57,7 +58,8 @@ class RankJob:
         self.paths.hosts.write_text(render(entries))
         self.world = len(entries)
         self.port = free_port_run(self.world)
-        argv = launch_sh_argv(self.port, self.environ, self.settings)
+        environ = self.environ | kept(self.paths.run, self.settings.model, self.world)
+        argv = launch_sh_argv(self.port, environ, self.settings)
         for stale in [self.socket_path, *self.paths.run.glob("rank-*.pid")]:
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
@@ -70,7 +72,7 @@ class RankJob:
             self.process = subprocess.Popen(
                 argv,
                 cwd=self.paths.root,
-                env=self.environ,
+                env=environ,
                 stdin=read_end,
                 stdout=log,
                 stderr=subprocess.STDOUT,

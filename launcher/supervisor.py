@@ -29,7 +29,7 @@ from config.logging_setup import setup_logging
 from config.settings import Settings, run_with_settings
 from distributed.group import JOIN_FAILED
 from ipc.supervisor_state import Failure, SupervisorState, TransferView, print_status, write_state
-from launcher import remote
+from launcher import auto_split, remote
 from launcher.api_process import API_READY_TIMEOUT_S, ApiKeeper, ApiProcess
 from launcher.degraded import choose_workers, job_of
 from launcher.job import RankJob, local_ranks_stop
@@ -165,6 +165,9 @@ class Supervisor:
         if ended is not None or self.stopping:
             return ended
         self._ranks_ready(job)
+        status = job.status()
+        if status is not None:
+            auto_split.record(self.paths.run, job.settings.model, status)
         return self._watch(job)
 
     def _wait_ready(self, job: RankJob) -> Ended | None:

@@ -158,6 +158,9 @@ def test_start_serves_and_start_again_is_a_no_op(project: Project) -> None:
     # and put the chat template's opening (SmolLM2's default system prompt) in the cache
     assert re.search(r"the chat template's first \d\d+ tokens cached", done.stdout), done.stdout
     KERNELS.update({rank: mapped_kernels(pid) for rank, pid in _ranks(project).items()})
+    # what PARALLELISM=auto chose, for the restarts to keep (launcher/auto_split.py)
+    kept = (project.root / "run" / "auto-split").read_text()
+    assert re.fullmatch(r"(tensor|pipeline) 2 .*\n", kept), kept
     assert "curl http://127.0.0.1:" in done.stdout
     assert f"supervisor pid {project.pid('supervisor.pid')}" in done.stdout
     cpu = re.search(r"mlx.launch CPU: (\d+)% before the stdin byte, (\d+)% after", done.stdout)
@@ -222,6 +225,8 @@ def test_restart_with_an_environment_override(project: Project) -> None:
     assert "    NUM_DEVICES: 2 -> 3\n" in done.stdout, done.stdout
     assert "KEEP_WARM_SECONDS:" not in done.stdout  # unchanged: no line
     assert "local mode: 3 ranks on 127.0.0.1" in done.stdout
+    # another number of ranks: auto decides anew instead of keeping the 2-rank split
+    assert "auto: kept" not in (project.root / "server.log").read_text()
     assert "Ready:" in done.stdout
     assert project.pid("ranks.pid") != first
     assert not running(first)
@@ -254,6 +259,9 @@ def test_a_killed_rank_is_restarted_and_status_says_so(project: Project) -> None
     assert project.pid("ranks.pid") != ranks and not running(ranks)  # a new job
     assert project.pid("api.pid") == api  # api.py stayed up
     assert "health: ready (HTTP 200)" in done.stdout
+    # it kept the split PARALLELISM=auto chose before (3 ranks: restart's NUM_DEVICES)
+    log = (project.root / "server.log").read_text()
+    assert re.search(r"auto: kept 3 ranks (tensor|pipeline), the split before this restart", log)
     # the restarted job warmed up before ready too
     kernels = {rank: mapped_kernels(pid) for rank, pid in _ranks(project).items()}
     _first_request_found_everything_ready(project, kernels)

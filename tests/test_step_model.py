@@ -184,6 +184,16 @@ def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
     fast = Speed((machine,) * 2, link_named("jaccl"))
     assert choose_plan(SMOL, None, "auto", apart, fast, 4).is_tensor
     assert choose_plan(SMOL, None, "pipeline", apart, fast, 4).strategy == "pipeline"
+    # a restart keeps the split that ran before it, where that one fits
+    kept = choose_plan(SMOL, None, "auto", apart, fast, 4, kept="pipeline")
+    assert kept.strategy == "pipeline" and kept.requested == "auto"
+    assert kept.note.startswith("auto: kept 2 ranks pipeline, the split before this restart")
+    assert choose_plan(SMOL, None, "auto", apart, fast, 4, kept="tensor").is_tensor
+    assert choose_plan(SMOL, None, "tensor", apart, fast, 4, kept="pipeline").is_tensor
+    # ... not one that no longer fits (350 MB a Mac: the tensor split's halves alone fit)
+    tight = [RankHost(host=f"m{i}", cores=8, memory_bytes=350 * 2**20) for i in range(2)]
+    unfit = choose_plan(SMOL, None, "auto", tight, fast, 4, kept="pipeline")
+    assert unfit.is_tensor and "kept" not in unfit.note, unfit.note
     # the table: every split over 1..N hosts, those that fit best first
     small = [RankHost(host=f"m{i}", cores=8, memory_bytes=400 * 2**20) for i in range(2)]
     options = splits(SMOL, small, lambda h: None, lambda n: Speed((machine,) * n, LINK), 4)
