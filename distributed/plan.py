@@ -69,10 +69,23 @@ class Plan(BaseModel):
     split_vocab: bool = False  # tensor: embeddings and head by vocabulary rows
     via_mlx_lm: bool = False  # through mlx-lm's own Model.shard() or model.pipeline()
     note: str = ""  # why auto chose this strategy, or what stays whole
+    # auto: the kind of split a restart keeps, chosen by the figures measured after the load
+    # (distributed/loader.py; launcher/auto_split.py)
+    restart_split: str = ""
 
     @property
     def is_tensor(self) -> bool:
         return self.strategy in ("tensor-even", "tensor-uneven")
+
+    def identity(self) -> dict[str, Any]:
+        """The parts that decide what any rank holds and computes: not the weights that led
+        to the spans, nor why it was chosen (the note: auto's predictions, which differ at
+        every start), nor what was asked or what a restart keeps. What names a rank's share
+        of the weights and the prefix cache's entries on disk."""
+        dump = self.model_dump(exclude={"weights", "note", "requested", "restart_split"})
+        for share in dump["ranks"]:
+            share.pop("weight", None)
+        return dump
 
 
 def _check_weights(world_size: int, weights: list[float] | None) -> list[float]:

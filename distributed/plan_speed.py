@@ -231,7 +231,7 @@ def choose_plan(
     before = next((o for o in options if split_kind(o.plan) == kept and not o.why_not), None)
     if before is not None:
         best = before
-        why = f"kept {before.name}, the split before this restart (a start decides anew); {why}"
+        why = f"kept {before.name}, chosen before this restart (a start decides anew); {why}"
     return best.plan.model_copy(update={"requested": "auto", "note": f"auto: {why}"})
 
 

@@ -75,18 +75,9 @@ class ShareMismatch(PlanError):
 # ---- what identifies a share -------------------------------------------------------------
 
 
-def plan_identity(plan: Plan) -> dict[str, Any]:
-    """The parts of a plan that decide what any rank holds (not the weights that led to the
-    spans, nor the notes)."""
-    dump = plan.model_dump(exclude={"weights", "note", "requested"})
-    for share in dump["ranks"]:
-        share.pop("weight", None)
-    return dump
-
-
 def share_key(model_key: str, plan: Plan, rank: int) -> str:
     """The name of `rank`'s share of the model `model_key` under `plan` (and this format)."""
-    text = json.dumps([SHARE_FORMAT, model_key, plan_identity(plan), rank], sort_keys=True)
+    text = json.dumps([SHARE_FORMAT, model_key, plan.identity(), rank], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

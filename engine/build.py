@@ -93,5 +93,7 @@ def _disk_tier(
         with watchdog.guard("prefix cache disk vote"):
             return np.array(mx.distributed.all_sum(mx.array(failed), group=group)).tolist()
 
-    layout = layout_digest(info.path.name, info.config, info.plan.model_dump(), kv_bits)
+    # the plan's identity, not its dump: auto's note holds the predictions of each start,
+    # which gave every start a new directory (142 of them here) and no restart a hit
+    layout = layout_digest(info.path.name, info.config, info.plan.identity(), kv_bits)
     return DiskTier.open(root, layout, group.rank(), vote)

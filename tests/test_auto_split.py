@@ -24,6 +24,11 @@ def test_a_restart_of_the_same_model_on_as_many_ranks_keeps_the_split(tmp_path: 
     assert auto_split.kept(tmp_path, "/models/b", 2) == {}  # another model
     auto_split.record(tmp_path, "", status("tensor-uneven"))  # the default model
     assert auto_split.kept(tmp_path, "", 2) == {KEPT_SPLIT_ENV: "tensor"}
+    # where the figures measured after the load chose otherwise, a restart takes that one
+    corrected = status("pipeline")
+    corrected.plan["restart_split"] = "tensor"
+    auto_split.record(tmp_path, "m", corrected)
+    assert auto_split.kept(tmp_path, "m", 2) == {KEPT_SPLIT_ENV: "tensor"}
 
 
 def test_a_split_auto_did_not_choose_is_not_kept(tmp_path: Path) -> None:

@@ -261,7 +261,11 @@ def test_a_killed_rank_is_restarted_and_status_says_so(project: Project) -> None
     assert "health: ready (HTTP 200)" in done.stdout
     # it kept the split PARALLELISM=auto chose before (3 ranks: restart's NUM_DEVICES)
     log = (project.root / "server.log").read_text()
-    assert re.search(r"auto: kept 3 ranks (tensor|pipeline), the split before this restart", log)
+    assert re.search(r"auto: kept 3 ranks (tensor|pipeline), chosen before this restart", log)
+    # and its prefix cache on disk is the one the start before it used (the directory is
+    # named by the split, not by the predictions of each start)
+    layouts = re.findall(r"prefix cache on disk: (\S+)/rank-0", log)
+    assert len(layouts) >= 3 and layouts[-1] == layouts[-2] != layouts[0], layouts
     # the restarted job warmed up before ready too
     kernels = {rank: mapped_kernels(pid) for rank, pid in _ranks(project).items()}
     _first_request_found_everything_ready(project, kernels)

@@ -27,6 +27,7 @@ from distributed.step_model import (
     predict,
 )
 from distributed.step_work import bytes_per_param, plan_work
+from engine.prefix_disk import layout_digest
 from launcher.plan_machines import parse_host
 from tests.support.family_configs import CONFIGS
 from tests.support.tiny_families import write_family_model
@@ -187,9 +188,18 @@ def test_auto_takes_the_fastest_split_that_fits_and_says_why() -> None:
     # a restart keeps the split that ran before it, where that one fits
     kept = choose_plan(SMOL, None, "auto", apart, fast, 4, kept="pipeline")
     assert kept.strategy == "pipeline" and kept.requested == "auto"
-    assert kept.note.startswith("auto: kept 2 ranks pipeline, the split before this restart")
+    assert kept.note.startswith("auto: kept 2 ranks pipeline, chosen before this restart")
     assert choose_plan(SMOL, None, "auto", apart, fast, 4, kept="tensor").is_tensor
     assert choose_plan(SMOL, None, "tensor", apart, fast, 4, kept="pipeline").is_tensor
+    # the prefix cache's directory on disk is named by what ranks hold, not by the note's
+    # predictions of each start, nor by what was asked or what a restart keeps
+    slower = Speed((flat(5e6, Overhead(1.0, 0.2, 0.0, "test")),) * 2, link_named("jaccl"))
+    again = choose_plan(SMOL, None, "auto", apart, slower, 4, kept="tensor")
+    first = choose_plan(SMOL, None, "auto", apart, fast, 4)
+    assert again.note != first.note and again.identity() == first.identity()
+    asked = choose_plan(SMOL, None, "tensor", apart, fast, 4)
+    assert layout_digest(asked.identity()) == layout_digest(first.identity())
+    assert layout_digest(kept.identity()) != layout_digest(first.identity())  # pipeline
     # ... not one that no longer fits (350 MB a Mac: the tensor split's halves alone fit)
     tight = [RankHost(host=f"m{i}", cores=8, memory_bytes=350 * 2**20) for i in range(2)]
     unfit = choose_plan(SMOL, None, "auto", tight, fast, 4, kept="pipeline")
