@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,7 +31,7 @@ from distributed.plan_text import describe
 from distributed.rank_share import ShareMismatch, load_share, share_key
 from distributed.splitting import Progress, materialize, split_model, weight_bytes
 from distributed.step_model import Speed, describe_speed
-from distributed.step_probe import measure_speed
+from distributed.step_probe import measure_speed, steadier
 from distributed.watchdog import EvalGuard
 
 log = logging.getLogger("ring.plan")
@@ -176,10 +176,11 @@ def load_for_rank(
         model = load_rank_model(model_dir, group, plan, progress, share_of)
     except ShareMismatch as exc:
         raise ModelLoadError(f"rank {group.rank()} cannot load {model_dir}: {exc}") from None
-    started = time.perf_counter()
+    started, before = time.perf_counter(), speed
     speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
     log.info("%s, after the load (%.2f s)", describe_speed(speed), time.perf_counter() - started)
-    plan = _restart_split(plan, config, weights, hosts, speed, activation)
+    steady = replace(speed, link=steadier(before.link, speed.link))
+    plan = _restart_split(plan, config, weights, hosts, steady, activation, group.rank())
     model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
         model_id=model_id,
@@ -203,16 +204,17 @@ def _restart_split(
     hosts: list[RankHost],
     speed: Speed,
     activation: int,
+    rank: int,
 ) -> Plan:
     """`plan` with the split a restart keeps (PARALLELISM=auto): the one auto chooses by the
-    figures measured after the load, steadier than those before it (here a 2-rank link read
-    under 515 us a collective in 9 of 10 starts before the load, under 219 after; the worst
-    1.4 ms, which chose the slower split)."""
+    machines measured after the load and the cheapest of the link's measures (before the
+    load it read over 1 ms a collective in 3 of 58 starts here, which chose the slower
+    split for the default model; after the load too, in other starts)."""
     if plan.requested != "auto" or plan.world_size < 2:
         return plan
     chosen = split_kind(plan)
     preferred = split_kind(choose_plan(config, weights, "auto", hosts, speed, activation))
-    if preferred != chosen:
+    if preferred != chosen and rank == 0:
         log.warning(
             "auto: by the figures measured after the load the %s split is predicted faster "
             "than the %s split chosen before it; a restart takes it (or PARALLELISM=%s)",

@@ -26,6 +26,7 @@ from distributed.step_model import (
     _touched,
     predict,
 )
+from distributed.step_probe import steadier
 from distributed.step_work import bytes_per_param, plan_work
 from engine.prefix_disk import layout_digest
 from launcher.plan_machines import parse_host
@@ -278,3 +279,9 @@ def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:
     prefill = [predict(work, Speed((m,), LINK), 1, prefill=512).ms for m in (plain, slow)]
     assert decode[1] == pytest.approx(decode[0], rel=0.05)  # a token's few experts: bytes
     assert prefill[1] > 2 * prefill[0]  # many tokens an expert: gather_mm's arithmetic
+
+
+def test_of_two_measures_of_the_link_the_cheaper_is_kept() -> None:
+    disturbed = Link("measured", 1236.0, 1.1, "ring", "a probe the start disturbed")
+    quiet = Link("measured", 72.0, 2.8, "ring", "a second later")
+    assert steadier(disturbed, quiet) is quiet and steadier(quiet, disturbed) is quiet
