@@ -236,7 +236,7 @@ def choose_plan(
 
 
 def split_kind(plan: Plan) -> str:
-    """ "tensor" or "pipeline": the kind of split PARALLELISM names."""
+    """The kind of split PARALLELISM names: "tensor" or "pipeline"."""
     return "tensor" if plan.is_tensor else plan.strategy
 
 

@@ -29,13 +29,10 @@ def record(run: Path, model: str, status: Status) -> None:
     """Keep the split to restart with of a ready job whose split PARALLELISM=auto chose
     (forget any other)."""
     plan = status.plan
-    world = int(plan.get("world_size", 1))
-    if plan.get("requested") != "auto" or world < 2:
+    world, kind = int(plan.get("world_size", 1)), plan.get("restart_split", "")
+    if plan.get("requested") != "auto" or world < 2 or not kind:
         forget(run)
         return
-    kind = plan.get("restart_split") or (
-        "pipeline" if plan.get("strategy") == "pipeline" else "tensor"
-    )
     (run / RECORD).write_text(f"{kind} {world} {model}\n")
 
 

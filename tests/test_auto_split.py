@@ -12,7 +12,10 @@ from launcher import auto_split
 
 
 def status(strategy: str, requested: str = "auto", world: int = 2) -> Status:
+    """A ready job's status whose plan auto would keep as it runs (distributed/loader.py)."""
+    kind = "pipeline" if strategy == "pipeline" else "tensor" if world > 1 else ""
     plan = {"strategy": strategy, "requested": requested, "world_size": world}
+    plan["restart_split"] = kind if requested == "auto" else ""
     return Status(state=RankState.READY, model_id="m", world_size=world, plan=plan)
 
 
