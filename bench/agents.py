@@ -140,9 +140,3 @@ def rendered(path: str, body: dict[str, Any], setup: RequestSetup) -> list[int]:
     else:
         submit = chat_submit(ChatCompletionRequest.model_validate(body), "rendered", limits)
     return setup.prepare(submit).prompt
-
-
-def shared_prefix(first: list[int], second: list[int]) -> int:
-    """How many tokens two prompts share from their start."""
-    pairs = zip(first, second, strict=False)
-    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))

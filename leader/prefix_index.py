@@ -201,6 +201,12 @@ class PrefixIndex:
             node = parent
 
 
+def shared_prefix(first: list[int], second: list[int]) -> int:
+    """How many tokens two sequences share from their start."""
+    pairs = zip(first, second, strict=False)
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
+
+
 def _common_length(label: tuple[int, ...], tokens: list[int], start: int) -> int:
     count = 0
     for a, b in zip(label, itertools.islice(tokens, start, None), strict=False):

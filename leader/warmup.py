@@ -52,6 +52,7 @@ from engine.step_plan import StepPlan
 from ipc.events import KEEP_WARM
 from ipc.protocol import ChatMessage, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
+from leader.prefix_index import shared_prefix
 from leader.request import Request
 from leader.request_setup import Refusal
 from leader.requests import Requests
@@ -236,9 +237,7 @@ def template_head(requests: Requests) -> list[int]:
         except Refusal:
             return []
     first, second = prompts
-    pairs = zip(first, second, strict=False)
-    shared = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
-    return first[:shared]
+    return first[: shared_prefix(first, second)]
 
 
 def opening(requests: Requests) -> list[int]:

@@ -22,8 +22,9 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from bench.agent_proxy import AgentProxy, Exchange
-from bench.agents import AGENTS, AgentMissing, Session, binary, rendered, shared_prefix
+from bench.agents import AGENTS, AgentMissing, Session, binary, rendered
 from bench.agents import run as run_session
+from leader.prefix_index import shared_prefix
 from leader.request_setup import RequestSetup
 from tests.support.long_context_model import write_long_context_model
 from tests.support.project import START_TIMEOUT, Project, copy_project
