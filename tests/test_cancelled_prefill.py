@@ -12,7 +12,7 @@ from ipc.protocol import Delta, Done, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
 from leader.requests import Requests
 from leader.scheduler import Scheduler
-from tests.support.steps import engine_step
+from tests.support.steps import engine_answer, engine_step
 from tests.support.tiny_models import write_tiny_model
 
 CHUNK = 16
@@ -27,14 +27,7 @@ def tiny(tmp_path_factory):
 
 def answer(scheduler: Scheduler, engine: BatchEngine, request_id: str) -> tuple[list[int], Done]:
     params = SamplingParams(max_tokens=6, temperature=0.0)
-    scheduler.requests.submit(1, Submit(id=request_id, prompt=PROMPT, params=params))
-    tokens: list[int] = []
-    while True:
-        for message in engine_step(scheduler, engine):
-            if isinstance(message, Delta) and message.id == request_id:
-                tokens += message.token_ids
-            elif isinstance(message, Done) and message.id == request_id:
-                return tokens, message
+    return engine_answer(scheduler, engine, Submit(id=request_id, prompt=PROMPT, params=params))
 
 
 def test_a_prefill_cancelled_mid_prompt_leaves_its_chunks_for_the_next(tiny):

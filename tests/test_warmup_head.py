@@ -9,12 +9,12 @@ import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
 from engine.batch_engine import BatchEngine
-from ipc.protocol import ChatMessage, Delta, Done, SamplingParams, Submit
+from ipc.protocol import ChatMessage, SamplingParams, Submit
 from leader.prefix_cache import PrefixCache
 from leader.requests import Requests
 from leader.scheduler import Scheduler
 from leader.warmup import opening, template_head, uncounted
-from tests.support.steps import engine_step
+from tests.support.steps import engine_answer, engine_step
 from tests.support.tiny_models import CHATML_TEMPLATE, write_tiny_model
 
 DEFAULT_SYSTEM = "You are a patient assistant who answers about harbours and boats."
@@ -65,17 +65,6 @@ def test_a_template_without_a_default_system_prompt_opens_with_the_user_turn(
     assert head == list(tokenizer.encode("<|im_start|>user\n", add_special_tokens=False))
 
 
-def answer(scheduler: Scheduler, engine: BatchEngine, submit: Submit) -> tuple[list[int], Done]:
-    scheduler.requests.submit(1, submit)
-    tokens: list[int] = []
-    while True:
-        for message in engine_step(scheduler, engine):
-            if isinstance(message, Delta) and message.id == submit.id:
-                tokens += message.token_ids
-            elif isinstance(message, Done) and message.id == submit.id:
-                return tokens, message
-
-
 def test_a_first_chat_reuses_the_primed_opening_and_the_counters_do_not_count_it(tiny) -> None:
     model, tokenizer = tiny
     prefix = PrefixCache(budget_tokens=4096)
@@ -90,12 +79,12 @@ def test_a_first_chat_reuses_the_primed_opening_and_the_counters_do_not_count_it
     assert (prefix.hits, prefix.misses, prefix.stats().entries) == (0, 0, 1)
     answers = []
     for text in FIRST_MESSAGES[:2]:
-        tokens, done = answer(scheduler, engine, chat(text))
+        tokens, done = engine_answer(scheduler, engine, chat(text))
         assert done.usage.prompt_tokens_details.cached_tokens == len(head), text
         answers.append(tokens)
     assert prefix.hits == 2 and prefix.misses == 0
     fresh = Scheduler(Requests(tokenizer, 512, PrefixCache(budget_tokens=4096)), 4)
-    alone, done = answer(fresh, BatchEngine(model, 64), chat(FIRST_MESSAGES[0]))
+    alone, done = engine_answer(fresh, BatchEngine(model, 64), chat(FIRST_MESSAGES[0]))
     assert done.usage.prompt_tokens_details.cached_tokens == 0
     assert answers[0] == alone  # the reused opening answers as a full prefill would
 

@@ -8,6 +8,7 @@ import mlx.core as mx
 from engine.batch_engine import BatchEngine
 from engine.batch_sampler import sample
 from engine.step_plan import StepPlan, StepResult
+from ipc.protocol import Delta, Done, Submit
 from leader.scheduler import Scheduler
 
 
@@ -27,3 +28,17 @@ def engine_step(scheduler: Scheduler, engine: BatchEngine) -> list:
     sent = [message for _, message in scheduler.requests.outbox]
     scheduler.requests.outbox = []
     return sent
+
+
+def engine_answer(
+    scheduler: Scheduler, engine: BatchEngine, submit: Submit
+) -> tuple[list[int], Done]:
+    """Submit on connection 1 and step until its Done: its tokens and the Done."""
+    scheduler.requests.submit(1, submit)
+    tokens: list[int] = []
+    while True:
+        for message in engine_step(scheduler, engine):
+            if isinstance(message, Delta) and message.id == submit.id:
+                tokens += message.token_ids
+            elif isinstance(message, Done) and message.id == submit.id:
+                return tokens, message
