@@ -4,8 +4,9 @@
 
 - compute: each rank's weights read (dense parts every step, routed experts where the
   step's tokens go, the KV of the context) at its machine's rate for that many rows, plus
-  attention's arithmetic over the context. Tensor and expert plans compute at once, so the
-  busiest rank counts; a pipeline's stages run one after another, so every rank counts.
+  attention's arithmetic over the context. Tensor and expert plans compute at once and
+  sync after attention and after the MLP, so each part's busiest rank counts; a
+  pipeline's stages run one after another, so every rank counts.
 - collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Ranks that outnumber their host's cores wait for the scheduler
@@ -186,12 +187,16 @@ def _busiest_touched(work: PlanWork, tokens: int, samples: int = 256) -> list[fl
     return [busiest if h else 0.0 for h in held]
 
 
-def _rank_compute(
+def _rank_segments(
     work: PlanWork, rank: RankWork, machine: Machine, rows: int, head_rows: int, experts: float,
     context: int, batch: int,
-) -> float:  # fmt: skip
-    """One rank's compute ms for a forward of `rows` token rows over `context` positions."""
-    dense = machine.weights_ms(rank.dense_params * rank.param_bytes, rank.dense_params, rows)
+) -> tuple[float, float, float]:  # fmt: skip
+    """One rank's compute ms for a forward of `rows` token rows over `context` positions,
+    in the parts a tensor plan syncs after: (attention, the rest of the layers, the head)."""
+    attention_bytes = rank.attention_params * rank.param_bytes
+    attention_weights = machine.weights_ms(attention_bytes, rank.attention_params, rows)
+    rest = rank.dense_params - rank.attention_params
+    dense = machine.weights_ms(rest * rank.param_bytes, rest, rows)
     head = machine.weights_ms(
         rank.head_params * rank.param_bytes, rank.head_params, head_rows, head=True
     )
@@ -208,7 +213,20 @@ def _rank_compute(
     span = rows / batch  # positions a row computes this forward
     attention = 4 * rank.layers * rank.heads * rank.head_dim * rows * (context + span / 2)
     kv = batch * (context + span) * rank.kv_bytes_per_token
-    return dense + head + routed + machine.attention_ms(attention, kv)
+    return attention_weights + machine.attention_ms(attention, kv), dense + routed, head
+
+
+def _synced_compute(work: PlanWork, segments: list[tuple[float, float, float]]) -> float:
+    """A tensor plan's compute: at each all_sum every rank waits for the slowest, so each
+    part between two syncs costs its busiest rank's time. Where the heads split unevenly,
+    one rank is busiest in attention and another in the MLP and the head: the default
+    model's 6/3 heads at 2 ranks, predicted by the busiest rank's whole step 43.2 ms against
+    54.8 measured (-21%); by its parts 50.1 against 52.9 (docs/BENCHMARKS.md)."""
+    attention, rest, head = zip(*segments, strict=True)
+    layers = [a + r for a, r in zip(attention, rest, strict=True)]
+    if work.attention_synced:
+        return max(attention) + max(rest) + max(head)
+    return max(layers) + max(head)
 
 
 def predict(
@@ -228,12 +246,15 @@ def predict(
             _touched(r.experts_held, work.num_experts, work.experts_per_token, rows)
             for r in work.ranks
         ]
-    computes = []
+    segments: list[tuple[float, float, float]] = []
     for r, machine in zip(work.ranks, speed.machines, strict=True):
         crowd = 1.0 if speed.rates_shared else speed.crowd(r.rank)
         experts = touched[r.rank] if touched else 0.0
-        ms = _rank_compute(work, r, machine, rows, head_rows, experts, context, seqs)
-        computes.append(ms * crowd)
+        attention, rest, head = _rank_segments(
+            work, r, machine, rows, head_rows, experts, context, seqs
+        )
+        segments.append((attention * crowd, rest * crowd, head * crowd))
+    computes = [sum(parts) for parts in segments]
     overheads = [
         m.overhead.ms(r.layers, rows) * speed.crowd(r.rank)
         for r, m in zip(work.ranks, speed.machines, strict=True)
@@ -241,6 +262,8 @@ def predict(
     if work.strategy == "pipeline":
         compute, overhead = sum(computes), sum(overheads)
         overhead -= sum(m.overhead.step_ms for m in speed.machines[1:])  # one plan, one sampler
+    elif work.strategy == "tensor":
+        compute, overhead = _synced_compute(work, segments), max(overheads)
     else:
         compute, overhead = max(computes), max(overheads)
     talk, count = 0.0, 0

@@ -53,6 +53,7 @@ class RankWork:
     layers: int  # decoder layers it runs
     moe_layers: int  # of them, with routed experts
     dense_params: float  # read every step: attention, dense MLP, shared experts, norms, routers
+    attention_params: float  # of them, the attention projections'
     head_params: float  # the output head's rows it multiplies (read every step)
     expert_params: float  # one routed expert of one MoE layer
     experts_held: int  # routed experts it holds in each MoE layer
@@ -75,6 +76,8 @@ class PlanWork:
     experts_per_token: int
     activation_bytes: int
     layers: int
+    # a tensor plan whose heads are split syncs after attention as well as after the MLP
+    attention_synced: bool = False
 
     @property
     def world(self) -> int:
@@ -140,6 +143,7 @@ def _rank_work(plan: Plan, share: RankShare, activation_bytes: int, kv_per_token
         layers=layers,
         moe_layers=moe,
         dense_params=float(dense),
+        attention_params=float(layers * attention),
         head_params=float(head),
         expert_params=float(expert),
         experts_held=experts if moe else 0,
@@ -197,4 +201,5 @@ def plan_work(
         experts_per_token=plan.shape.experts_per_token,
         activation_bytes=activation_bytes,
         layers=plan.shape.num_layers,
+        attention_synced=plan.is_tensor and (plan.split_heads or plan.via_mlx_lm),
     )

@@ -26,7 +26,7 @@ from distributed.step_model import (
     _touched,
     predict,
 )
-from distributed.step_probe import steadier
+from distributed.step_probe import LinkTimes, steadier
 from distributed.step_work import bytes_per_param, plan_work
 from engine.prefix_disk import layout_digest
 from launcher.plan_machines import parse_host
@@ -84,8 +84,15 @@ def test_a_tensor_plan_pays_its_collectives_and_waits_for_its_busiest_rank() -> 
     speed = Speed((flat(), flat()), LINK)
     step = predict(work, speed, 1)
     assert step.collectives == 63
-    busiest = max(r.weight_bytes for r in work.ranks)
-    assert step.compute_ms == pytest.approx(busiest / 1e7, rel=0.01)
+    # every all_sum waits for the slower rank: rank 0 holds 6 of the 9 query heads, rank 1
+    # the most MLP columns and vocabulary rows, so each part costs its own busiest rank
+    attention = [r.attention_params * r.param_bytes for r in work.ranks]
+    rest = [(r.dense_params - r.attention_params) * r.param_bytes for r in work.ranks]
+    head = [r.head_params * r.param_bytes for r in work.ranks]
+    assert attention[0] > attention[1] and rest[1] > rest[0] and head[1] > head[0]
+    synced = max(attention) + max(rest) + max(head)
+    assert step.compute_ms == pytest.approx(synced / 1e7, rel=0.01)
+    assert step.compute_ms > 1.1 * max(r.weight_bytes for r in work.ranks) / 1e7
     # an all_sum of 576 float32 between 2 ranks: 0.1 ms + 2304 bytes at 1 GB/s; the plan's
     # 4 KiB; the head's gather of about half the vocabulary's float32 logits
     expected = 61 * (0.1 + 2304 / 1e6) + (0.1 + 4096 / 1e6) + (0.1 + 24576 * 4 / 1e6)
@@ -285,3 +292,22 @@ def test_of_two_measures_of_the_link_the_cheaper_is_kept() -> None:
     disturbed = Link("measured", 1236.0, 1.1, "ring", "a probe the start disturbed")
     quiet = Link("measured", 72.0, 2.8, "ring", "a second later")
     assert steadier(disturbed, quiet) is quiet and steadier(quiet, disturbed) is quiet
+    # a fit tilted by one slow large all_sum: cheap to start, dear by the byte
+    tilted = Link("measured", 34.0, 0.07, "ring", "a probe whose largest all_sum was slow")
+    assert steadier(tilted, quiet) is quiet and steadier(quiet, tilted) is quiet
+
+
+def test_each_size_keeps_its_cheaper_time_before_the_link_is_fitted() -> None:
+    sizes = (4096, 2304, 18432, 36864, 294912)
+    clean = tuple(0.07 + n / 1e6 for n in sizes)  # 70 us + 1 GB/s
+    first = LinkTimes(sizes, (clean[0] * 9, *clean[1:]))  # the step plan's all_sum disturbed
+    second = LinkTimes(sizes, (*clean[:-1], clean[-1] * 6))  # the largest one disturbed
+    assert first.fastest(second).times == clean
+    link = first.fastest(second).fit("ring", 2)
+    assert link.latency_us == pytest.approx(70.0, rel=0.01)
+    assert link.all_sum_ms(2**20, 2) == pytest.approx(0.07 + 2**20 / 1e6, rel=0.01)
+    for one in (first, second):  # either pass alone fits a link off by far more
+        alone = one.fit("ring", 2)
+        assert abs(alone.all_sum_ms(2**20, 2) - link.all_sum_ms(2**20, 2)) > 0.3 or (
+            alone.latency_us > 1.5 * link.latency_us
+        )
