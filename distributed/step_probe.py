@@ -7,8 +7,8 @@ ranks (distributed/step_model.py), in well under a second.
   16 rows (decode, speculation) and at PREFILL_ROWS (a prefill's arithmetic). The ranks
   probe at once, so ranks sharing a host's cores measure the rate they will get together.
 - The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
-  state of 1, 8, 16 and PREFILL_ROWS rows) and fit a fixed cost plus a cost per byte;
-  before the machine's probe and again after it, keeping the cheaper (`steadier`).
+  state of 1, 8, 16 and PREFILL_ROWS rows) before the machine's probe and again after it,
+  and fit a fixed cost plus a cost per byte to each size's cheaper time (`LinkTimes`).
 
 One all_gather then gives every rank every rank's figures, so every rank plans from the
 same numbers (PARALLELISM=auto, distributed/plan_speed.py).
@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -240,10 +241,36 @@ def _cores() -> int:
 # ---- the link ---------------------------------------------------------------------------
 
 
-def probe_link(
-    group: mx.distributed.Group, shape: ModelShape, activation_bytes: int, backend: str
-) -> Link:
-    """A fixed cost plus a cost per byte, fitted to all_sums of a step's sizes."""
+@dataclass(frozen=True)
+class LinkTimes:
+    """The median ms of all_sums of each size (bytes), one pass of the link's probe."""
+
+    sizes: tuple[int, ...]
+    times: tuple[float, ...]
+
+    def fastest(self, other: LinkTimes) -> LinkTimes:
+        """Size by size, the cheaper of two passes: noise only ever adds to a collective."""
+        return LinkTimes(self.sizes, tuple(map(min, self.times, other.times)))
+
+    def fit(self, backend: str, ranks: int) -> Link:
+        """A fixed cost plus a cost per byte, fitted to the times."""
+        slope, intercept = np.polyfit(np.array(self.sizes, dtype=float), np.array(self.times), 1)
+        topology = "mesh" if backend == "jaccl" else "ring"
+        hops = ranks - 1 if topology == "ring" else 1
+        per_byte = max(float(slope), MIN_MS_PER_BYTE)  # noise can tilt the fit
+        latency_ms = max(float(intercept), min(self.times) / 2)
+        return Link(
+            name=f"measured ({backend}, {ranks} ranks)",
+            latency_us=latency_ms * 1e3 / hops,
+            gb_s=2 * (ranks - 1) / ranks / per_byte / 1e6,
+            topology=topology,
+            source="all_sums timed at start (distributed/step_probe.py)",
+        )
+
+
+def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes: int) -> LinkTimes:
+    """All_sums of a step's sizes (the step plan, the hidden state of 1 to PREFILL_ROWS
+    rows), each timed LINK_REPEATS times."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     arrays = [mx.zeros((4096,), dtype=mx.uint8)] + [
         mx.zeros((rows, shape.hidden_size), dtype=dtype) for rows in (1, 8, 16, PREFILL_ROWS)
@@ -257,31 +284,23 @@ def probe_link(
 
         sizes.append(array.nbytes)
         times.append(_median_ms(run, LINK_REPEATS))
-    slope, intercept = np.polyfit(np.array(sizes, dtype=float), np.array(times), 1)
-    ranks = group.size()
-    topology = "mesh" if backend == "jaccl" else "ring"
-    hops = ranks - 1 if topology == "ring" else 1
-    per_byte = max(float(slope), MIN_MS_PER_BYTE)  # noise can tilt the fit
-    latency_ms = max(float(intercept), min(times) / 2)
-    return Link(
-        name=f"measured ({backend}, {ranks} ranks)",
-        latency_us=latency_ms * 1e3 / hops,
-        gb_s=2 * (ranks - 1) / ranks / per_byte / 1e6,
-        topology=topology,
-        source="all_sums timed at start (distributed/step_probe.py)",
-    )
+    return LinkTimes(tuple(sizes), tuple(times))
 
 
 # ---- every rank's figures -----------------------------------------------------------------
 
 
 def steadier(first: Link, second: Link) -> Link:
-    """Of two measures of one link, the cheaper: another process on the cores (at start, a
-    launcher still busy) only ever slows a collective. Measured here over 58 starts: a
-    2-rank link read 63-1,418 us a collective, over 1 ms in 3 of them, which made
-    PARALLELISM=auto take the slower split (docs/ARCHITECTURE.md, "What restart
-    restarts")."""
-    return first if first.latency_us <= second.latency_us else second
+    """Of two measures of one link, the cheaper over a decode's and a prefill's all_sum (4
+    KiB and 1 MiB): another process on the cores (at start, a launcher still busy) only
+    ever slows a collective. Measured here over 58 starts: a 2-rank link read 63-1,418 us
+    a collective, over 1 ms in 3 of them, which made PARALLELISM=auto take the slower
+    split (docs/ARCHITECTURE.md, "What restart restarts")."""
+
+    def cost(link: Link) -> float:
+        return link.all_sum_ms(4096, 2) + link.all_sum_ms(2**20, 2)
+
+    return first if cost(first) <= cost(second) else second
 
 
 def measure_speed(
@@ -294,17 +313,19 @@ def measure_speed(
     """Every rank's machine and the link, measured now (a collective: all ranks call it)."""
     if group.size() > 1:  # start together: ranks sharing cores then measure what they share
         mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
-    link = probe_link(group, shape, activation_bytes, backend) if group.size() > 1 else None
+    ranks = group.size()
+    first = probe_link(group, shape, activation_bytes) if ranks > 1 else None
     machine = probe_machine(shape, activation_bytes)
-    if link is not None:  # once more, a second later: noise only ever adds to a collective
-        again = probe_link(group, shape, activation_bytes, backend)
-        if max(link.latency_us, again.latency_us) > 2 * min(link.latency_us, again.latency_us):
+    link = None
+    if first is not None:  # once more, a second later, and each size's cheaper time kept
+        again = probe_link(group, shape, activation_bytes)
+        if max(first.times[0], again.times[0]) > 2 * min(first.times[0], again.times[0]):
             log.info(
-                "link measured twice: %.0f then %.0f us a collective; the cheaper kept",
-                link.latency_us,
-                again.latency_us,
+                "link measured twice: %.0f then %.0f us a step plan's all_sum; the cheaper kept",
+                first.times[0] * 1e3,
+                again.times[0] * 1e3,
             )
-        link = steadier(link, again)
+        link = first.fastest(again).fit(backend, ranks)
     mine: dict[str, Any] = {"machine": machine_record(machine)}
     if link is not None:
         mine["link"] = [link.latency_us, link.gb_s]
