@@ -1,20 +1,23 @@
 """docs/BENCHMARKS.md's table of the step-time model against this machine: predicted and
 measured decode (1 and 8 clients) and prefill, from bench/step_time.py's reports.
 
-    .venv/bin/python -m bench.step_model run/bench/r-*.json [--again]
+    .venv/bin/python -m bench.step_model run/bench/r-*.json [--again] [--group]
 
 Each report carries the cluster's own figures: the medians of its measured steps, the
 model's predictions for the same steps (made in the server, from the rates and link the
 ranks measured at start), and what they were made from (the plan, every rank's machine
 record, the link, the steps' contexts, the prefill's forwards). `--again` predicts once
 more from those records with this checkout's distributed/step_model.py, so a change of
-the model is checked against the measurements already taken.
+the model is checked against the measurements already taken. `--group`: one row for the
+runs of one setup (model, ranks, plan, delay, settings), its medians and each run's error,
+since on a shared 2-core VM one setup's steps varied by a quarter from one run to the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -56,34 +59,69 @@ def figures(report: dict[str, Any], again: bool) -> dict[str, tuple[float, float
     return out
 
 
-def _cell(pair: tuple[float, float] | None, unit: str) -> str:
-    if pair is None:
+def _cell(pairs: list[tuple[float, float]], unit: str) -> str:
+    if not pairs:
         return "-"
-    predicted, measured = pair
-    return f"{predicted:.1f} / {measured:.1f} {unit} ({(predicted - measured) / measured:+.0%})"
+    predicted = statistics.median(p for p, _ in pairs)
+    measured = statistics.median(m for _, m in pairs)
+    text = f"{predicted:.1f} / {measured:.1f} {unit} ({(predicted - measured) / measured:+.0%})"
+    if len(pairs) > 1:
+        text += " [" + ", ".join(f"{(p - m) / m:+.0%}" for p, m in pairs) + "]"
+    return text
+
+
+def _setup(path: Path, report: dict[str, Any]) -> str:
+    """What a run measured, whatever its name: runs of one setup share it."""
+    env = ",".join(f"{k}={v}" for k, v in sorted(report.get("env", {}).items()))
+    return f"{report.get('model_dir')}|{report['ranks']}|{report['strategy']}|" + (
+        f"{report.get('delay_us')}|{env}"
+    )
+
+
+def _links(reports: list[dict[str, Any]]) -> str:
+    """The link each run measured at start; for several, the range of each figure."""
+    if len(reports) == 1:
+        return str(reports[0]["model"]["link"]).removeprefix("link ")
+    name = reports[0]["model"]["speed"]["link"][0]
+    latency = [float(r["model"]["speed"]["link"][1]) for r in reports]
+    rate = [float(r["model"]["speed"]["link"][2]) for r in reports]
+    return (
+        f"{name}: {min(latency):.0f}-{max(latency):.0f} us + {min(rate):.2f}-{max(rate):.2f} "
+        "GB/s a collective"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("reports", type=Path, nargs="+")
     parser.add_argument("--again", action="store_true", help="predict again from the records")
+    parser.add_argument("--group", action="store_true", help="one row for a setup's runs")
     args = parser.parse_args()
     print(
         "| run | model | ranks | plan | link (measured at start) | decode step, 1 client: "
         "predicted / measured | 8 clients | prefill tok/s |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    rows: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     for path in args.reports:
         report = json.loads(path.read_text())
-        found = figures(report, args.again)
-        link = report["model"]["link"].removeprefix("link ")
+        key = _setup(path, report) if args.group else str(path)
+        rows.setdefault(key, []).append((path, report))
+    for runs in rows.values():
+        path, report = runs[0]
+        found = [figures(r, args.again) for _, r in runs]
+        links = _links([r for _, r in runs])
         delay = f", {report['delay_us']:g} us one way" if report.get("delay_us") else ""
         name = "MoE" if "moe" in str(report.get("env", {})) or "moe" in path.name else "dense"
         model = Path(str(report.get("model_dir", ""))).name or name
+        cells = [
+            _cell([f[key] for f in found if key in f], unit)
+            for key, unit in (("decode 1", "ms"), ("decode 8", "ms"), ("prefill", ""))
+        ]
         print(
-            f"| {path.stem.removeprefix('r-')} | {model} | {report['ranks']} | "
-            f"{report['strategy']}{delay} | {link} | {_cell(found.get('decode 1'), 'ms')} | "
-            f"{_cell(found.get('decode 8'), 'ms')} | {_cell(found.get('prefill'), '')} |"
+            f"| {path.stem.removeprefix('r-')}{f' ({len(runs)} runs)' if len(runs) > 1 else ''} "
+            f"| {model} | {report['ranks']} | "
+            f"{report['strategy']}{delay} | {links} | " + " | ".join(cells) + " |"
         )
 
 

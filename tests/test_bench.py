@@ -302,6 +302,20 @@ def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) 
     assert "| x | default | 2 | tensor-uneven, 150 us one way | ring-local" in row, row
     assert f"{one:.1f} / 50.0 ms ({(one - 50) / 50:+.0%})" in row, row
     assert f"{prefill:.1f} / 250.0" in row, row
+    # a second run of the same setup: one row, the medians and each run's error
+    status["measured_decode_ms"] = {"1": 70.0, "8": 90.0}
+    (tmp_path / "r-y.json").write_text(json.dumps(report))
+    runs = [str(tmp_path / f"r-{n}.json") for n in "xy"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.step_model", *runs, "--again", "--group"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| x")]
+    assert len(rows) == 1 and "| x (2 runs) |" in rows[0], done.stdout
+    errors = f"[{(one - 50) / 50:+.0%}, {(one - 70) / 70:+.0%}]"
+    assert f"{one:.1f} / 60.0 ms ({(one - 60) / 60:+.0%}) {errors}" in rows[0], rows[0]
 
 
 def test_published_figures_table_names_its_sources_and_what_does_not_fit() -> None:
