@@ -28,18 +28,30 @@ from typing import Any
 from ipc.protocol import Done, SamplingParams, Submit
 from launcher.local_cluster import Cluster
 
-PROMPT = "Once upon a time"
+# a batch's rows open differently: identical greedy rows route every token to the same
+# experts, 4 of the MoE model's 16 a layer at 8 clients where the model expects 14 of
+# real traffic (its 8-client steps read 33-66% over the prediction so); stories all, which
+# the default model runs on past 40 tokens (a recipe's opening ended in 2)
+OPENINGS = tuple(
+    f"Once upon a time{end}"
+    for end in (
+        "", ", a king", ", in a small village", " there lived a fox", ", far away",
+        ", two friends", ", the sea", ", an old man",
+    )
+)  # fmt: skip
 REPEATING = "one two three four five six seven eight nine ten " * 6  # prompt lookup proposes
 
 
-def run_batch(cluster: Cluster, batch: int, max_tokens: int, prompt: str = PROMPT) -> list[Done]:
-    """`batch` greedy requests sent at once; their Done messages."""
+def run_batch(cluster: Cluster, batch: int, max_tokens: int, prompt: str = "") -> list[Done]:
+    """`batch` greedy requests sent at once (`prompt`, or each its own opening); their
+    Done messages."""
     done: list[Done] = []
     with cluster.client(timeout=900) as client:
         for i in range(batch):
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            text = prompt or OPENINGS[i % len(OPENINGS)]
             client.send(
-                Submit(id=f"b{batch}-{i}-{time.monotonic_ns()}", prompt=prompt, params=params)
+                Submit(id=f"b{batch}-{i}-{time.monotonic_ns()}", prompt=text, params=params)
             )
         while len(done) < batch:
             message = client.recv()
