@@ -179,8 +179,11 @@ def load_for_rank(
     started, before = time.perf_counter(), speed
     speed = measure_speed(group, shape, activation, hosts, settings.distributed_backend)
     log.info("%s, after the load (%.2f s)", describe_speed(speed), time.perf_counter() - started)
-    steady = replace(speed, link=steadier(before.link, speed.link))
-    plan = _restart_split(plan, config, weights, hosts, steady, activation, group.rank())
+    # the link's cheaper measure, before or after the load, for every figure that lasts:
+    # both probes after the load read 1.2 ms a collective in one of 12 starts at 2 ranks
+    # (the others 77-229 us), and it predicted its steps 105% slow (docs/BENCHMARKS.md)
+    speed = replace(speed, link=steadier(before.link, speed.link))
+    plan = _restart_split(plan, config, weights, hosts, speed, activation, group.rank())
     model_id, aliases = served_names(settings, model_dir)
     info = ModelInfo(
         model_id=model_id,
