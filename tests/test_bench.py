@@ -260,6 +260,22 @@ def test_compiled_decode_bench_decodes_the_same_tokens_every_way(tiny_llama: Pat
     assert done.stdout.count("ms a token") == 3
 
 
+def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
+    tiny_llama: Path,
+) -> None:
+    args = ["--model", str(tiny_llama), "--ranks", "2", "--parallelism", "tensor"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.collective_gap", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("tensor-") and "over 2 ranks" in line, line
+    assert "without its collectives" in line and "collectives at" in line, line
+
+
 def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) -> None:
     from distributed.chips import link_named
     from distributed.plan import make_plan
