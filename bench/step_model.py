@@ -70,7 +70,7 @@ def _cell(pairs: list[tuple[float, float]], unit: str) -> str:
     return text
 
 
-def _setup(path: Path, report: dict[str, Any]) -> str:
+def _setup(report: dict[str, Any]) -> str:
     """What a run measured, whatever its name: runs of one setup share it."""
     env = ",".join(f"{k}={v}" for k, v in sorted(report.get("env", {}).items()))
     return f"{report.get('model_dir')}|{report['ranks']}|{report['strategy']}|" + (
@@ -105,7 +105,7 @@ def main() -> None:
     rows: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     for path in args.reports:
         report = json.loads(path.read_text())
-        key = _setup(path, report) if args.group else str(path)
+        key = _setup(report) if args.group else str(path)
         rows.setdefault(key, []).append((path, report))
     for runs in rows.values():
         path, report = runs[0]

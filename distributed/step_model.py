@@ -220,8 +220,8 @@ def _synced_compute(work: PlanWork, segments: list[tuple[float, float, float]]) 
     """A tensor plan's compute: at each all_sum every rank waits for the slowest, so each
     part between two syncs costs its busiest rank's time. Where the heads split unevenly,
     one rank is busiest in attention and another in the MLP and the head: the default
-    model's 6/3 heads at 2 ranks, predicted by the busiest rank's whole step 43.2 ms against
-    54.8 measured (-21%); by its parts 50.1 against 52.9 (docs/BENCHMARKS.md)."""
+    model's 6/3 heads at 2 ranks read -24% / -33% at 1 / 8 clients by the busiest rank's
+    whole step, -18% / -28% by its parts (the same three runs, docs/BENCHMARKS.md)."""
     attention, rest, head = zip(*segments, strict=True)
     layers = [a + r for a, r in zip(attention, rest, strict=True)]
     if work.attention_synced:

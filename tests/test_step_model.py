@@ -6,6 +6,7 @@ them on given machines and links. How well it predicts real steps is a benchmark
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from distributed.step_model import (
     Speed,
     StepTime,
     _busiest_touched,
+    _synced_compute,
     _touched,
     predict,
 )
@@ -149,6 +151,20 @@ def test_routed_experts_cost_where_tokens_go_and_the_busiest_rank_sets_the_pace(
 
 def write_config(family: str) -> dict:
     return dict(CONFIGS[family], vocab_size=512)
+
+
+def test_attention_whole_on_every_rank_syncs_once_a_layer() -> None:
+    # one KV head over 2 ranks: the experts split, attention stays whole on every rank, and
+    # a layer's one all_sum follows its MoE block, so a layer costs its busiest rank whole
+    moe = dict(write_config("qwen3_moe"), num_key_value_heads=1)
+    work = plan_work(make_plan(moe, 2, None, "tensor"), 4)
+    assert not work.attention_synced
+    # (attention, the rest of the layers, the head) a rank: rank 0 slower in attention,
+    # rank 1 in the rest
+    segments = [(3.0, 1.0, 0.5), (1.0, 2.0, 0.25)]
+    assert _synced_compute(work, segments) == 4.0 + 0.5
+    synced = replace(work, attention_synced=True)  # heads split: a sync after attention too
+    assert _synced_compute(synced, segments) == 3.0 + 2.0 + 0.5
 
 
 def test_prefill_coefficients_give_back_the_models_own_prefill() -> None:
