@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,15 +26,6 @@ import time
 from pathlib import Path
 
 STEPS = 60
-
-
-def _ports(count: int) -> list[int]:
-    found = []
-    for _ in range(count):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            found.append(s.getsockname()[1])
-    return found
 
 
 def rank_main(model_dir: Path, parallelism: str) -> None:
@@ -100,11 +90,14 @@ def main() -> None:
         rank_main(args.rank_of, args.parallelism)
         return
     from bench.compiled_decode import DEFAULT_MODEL
+    from launcher.hostfile import random_free_port_run
 
     model = Path(args.model) if args.model else DEFAULT_MODEL
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"
-        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _ports(args.ranks)]))
+        first = random_free_port_run(args.ranks)
+        ports = range(first, first + args.ranks)
+        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
         env = os.environ | {"MLX_HOSTFILE": str(hostfile), "OPENBLAS_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "bench.collective_gap", "--rank-of", str(model)]
         command += ["--parallelism", args.parallelism]
