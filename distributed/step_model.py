@@ -223,10 +223,9 @@ def _synced_compute(work: PlanWork, segments: list[tuple[float, float, float]]) 
     model's 6/3 heads at 2 ranks read -24% / -33% at 1 / 8 clients by the busiest rank's
     whole step, -18% / -28% by its parts (the same three runs, docs/BENCHMARKS.md)."""
     attention, rest, head = zip(*segments, strict=True)
-    layers = [a + r for a, r in zip(attention, rest, strict=True)]
     if work.attention_synced:
         return max(attention) + max(rest) + max(head)
-    return max(layers) + max(head)
+    return max(a + r for a, r in zip(attention, rest, strict=True)) + max(head)
 
 
 def predict(
