@@ -14,7 +14,11 @@ a decode step costs beyond the weights the probe times.
    part, per layer, fitted as `layers x (extra + rows x row_layer_ms)` (on this CPU the
    kernel's helper threads wake for every product between the layer's other work, and
    attention and the activations cost per row). That report's decode rows are then the
-   calibration, not predictions.
+   calibration, not predictions. Several reports are fitted together.
+3. With `--one-core`, the same for a rank with one core (`CPU_ONE_CORE_OVERHEAD`): run it,
+   and the reports' bench.step_time, under `OPENBLAS_NUM_THREADS=1 taskset -c 0`; a row
+   and layer keeps `CPU_OVERHEAD`'s cost, which a prefill's rows pay alike on one core and
+   two, and the fit is of the extra a decode row and layer costs on one core.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import numpy as np
 
 from bench.step_model import model_of
 from bench.step_time import run_batch
-from distributed.step_model import Overhead, Speed, predict
+from distributed.step_model import CPU_OVERHEAD, Overhead, Speed, predict
 from launcher.local_cluster import Cluster
 
 
@@ -46,20 +50,24 @@ def measure(layers: int, root: Path) -> dict[int, float]:
     return {rows: measured[rows] for rows in (1, 8)}
 
 
-def calibrate(report: dict, step_ms: float, layer_ms: float) -> tuple[float, float]:
-    """(extra ms a full-size layer, ms a row a layer) from a one-rank report."""
-    model = model_of(report)
-    status = report["model"]
-    bare = Overhead(step_ms, layer_ms, 0.0, "fixed part")
-    machines = tuple(replace(m, overhead=bare) for m in model.speed.machines)
-    speed = Speed(machines, model.speed.link, model.speed.crowding, model.speed.rates_shared)
-    layers = model.work.ranks[0].layers
+def calibrate(
+    reports: list[dict], step_ms: float, layer_ms: float, row_layer_ms: float = 0.0
+) -> tuple[float, float]:
+    """(extra ms a full-size layer, ms a decode row a layer beyond `row_layer_ms`) from
+    one-rank reports."""
     rows, gaps = [], []
-    for key, measured in status["measured_decode_ms"].items():
-        context = status["decode_context"][key]
-        predicted = predict(model.work, speed, int(key), 1, round(context)).ms
-        rows.append(int(key))
-        gaps.append((measured - predicted) / layers)
+    for report in reports:
+        model = model_of(report)
+        status = report["model"]
+        bare = Overhead(step_ms, layer_ms, row_layer_ms, "fixed part")
+        machines = tuple(replace(m, overhead=bare) for m in model.speed.machines)
+        speed = Speed(machines, model.speed.link, model.speed.crowding, model.speed.rates_shared)
+        layers = model.work.ranks[0].layers
+        for key, measured in status["measured_decode_ms"].items():
+            context = status["decode_context"][key]
+            predicted = predict(model.work, speed, int(key), 1, round(context)).ms
+            rows.append(int(key))
+            gaps.append((measured - predicted) / layers)
     a = np.array([[1.0, r] for r in rows])
     extra, per_row = np.linalg.lstsq(a, np.array(gaps), rcond=None)[0]
     return float(extra), float(per_row)
@@ -68,18 +76,28 @@ def calibrate(report: dict, step_ms: float, layer_ms: float) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[6, 30])
-    parser.add_argument("--calibrate", type=Path, help="a one-rank bench.step_time report")
+    parser.add_argument(
+        "--calibrate", type=Path, nargs="*", default=[], help="one-rank bench.step_time reports"
+    )
+    parser.add_argument("--one-core", action="store_true", help="fit CPU_ONE_CORE_OVERHEAD")
+    parser.add_argument("--rounds", type=int, default=1, help="times to step the tiny models")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        steps = {layers: measure(layers, Path(tmp)) for layers in args.layers}
-    # the fixed part: ms = step + layers x layer, over both depths and both batch sizes
-    points = [(layers, ms) for layers, by in steps.items() for ms in by.values()]
+        steps = [
+            {layers: measure(layers, Path(tmp) / str(n)) for layers in args.layers}
+            for n in range(args.rounds)
+        ]
+    # the fixed part: ms = step + layers x layer, over both depths, both batch sizes, rounds
+    points = [(layers, ms) for run in steps for layers, by in run.items() for ms in by.values()]
     a = np.array([[1.0, layers] for layers, _ in points])
     step, layer = np.linalg.lstsq(a, np.array([ms for _, ms in points]), rcond=None)[0]
     out = {"tiny_models_ms": steps, "step_ms": round(step, 3), "layer_ms": round(layer, 4)}
     if args.calibrate:
-        extra, per_row = calibrate(json.loads(args.calibrate.read_text()), step, layer)
-        out |= {"full_layer_extra_ms": round(extra, 4), "row_layer_ms": round(per_row, 5)}
+        reports = [json.loads(path.read_text()) for path in args.calibrate]
+        kept = CPU_OVERHEAD.row_layer_ms if args.one_core else 0.0
+        extra, per_row = calibrate(reports, step, layer, kept)
+        out["full_layer_extra_ms"] = round(extra, 4)
+        out["decode_row_layer_ms" if args.one_core else "row_layer_ms"] = round(per_row, 5)
     print(json.dumps(out, indent=2))
 
 

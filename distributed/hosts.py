@@ -35,10 +35,18 @@ def local_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system tells, as under
+    `taskset`), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def this_host() -> RankHost:
     return RankHost(
         host=socket.gethostname()[:64],
-        cores=os.cpu_count() or 1,
+        cores=usable_cores(),
         memory_bytes=local_memory_bytes(),
     )
 

@@ -116,8 +116,7 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
 
 
 def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
-    """Each rank's host's ranks over its cores, at least 1."""
+    """Each rank's host's ranks over its cores."""
     return tuple(
-        max(1.0, sum(1 for other in hosts if other.host == host.host) / max(1, host.cores))
-        for host in hosts
+        sum(1 for other in hosts if other.host == host.host) / max(1, host.cores) for host in hosts
     )

@@ -44,15 +44,18 @@ CROWDED_WAIT_MS = 3.7
 @dataclass(frozen=True)
 class Overhead:
     """Per-step time no weight causes: `step_ms` once, `layer_ms` per decoder layer a rank
-    runs, `row_layer_ms` per row per layer (activations, norms, attention's dispatch)."""
+    runs, `row_layer_ms` per row per layer (activations, norms, attention's dispatch), and
+    `decode_row_layer_ms` more per row per layer of a decode step (not of a prefill)."""
 
     step_ms: float
     layer_ms: float
     row_layer_ms: float
     source: str
+    decode_row_layer_ms: float = 0.0
 
-    def ms(self, layers: int, rows: int) -> float:
-        return self.step_ms + layers * (self.layer_ms + rows * self.row_layer_ms)
+    def ms(self, layers: int, rows: int, decode: bool = True) -> float:
+        per_row = self.row_layer_ms + (self.decode_row_layer_ms if decode else 0.0)
+        return self.step_ms + layers * (self.layer_ms + rows * per_row)
 
 
 # MLX on a CPU (this project's Linux hosts), bench/step_overhead.py: the fixed part from
@@ -61,6 +64,18 @@ class Overhead:
 # layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
 # 0.0433 ms) from the default model's steps on one rank, less the probe's weights.
 CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
+# A rank with one core or less while it computes (a tensor or expert split's ranks sharing
+# a host's cores, or a one-core host), bench/step_overhead.py --one-core: MLX's thread that
+# builds and dispatches the step and the threads that run its kernels take turns on the
+# core where they overlapped on two. The tiny models' steps under `taskset -c 0`, six
+# rounds: 0.531 ms a layer, a fixed part within noise of none; a full-size layer's extra
+# (0.121 ms) and 0.0934 ms more a decode row and layer from three one-rank runs of the
+# default model on one core, whose prefills' rows cost what they do on two (predicted
+# within 6%). With it the 2-rank tensor split's steps on this host's 2 cores went from
+# -18% / -28% at 1 / 8 clients to within 2% (the same runs, docs/BENCHMARKS.md).
+CPU_ONE_CORE_OVERHEAD = Overhead(
+    0.0, 0.652, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0934
+)
 # ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
 # GPU runs the previous ones (async_eval), so graph building mostly overlaps.
 GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
@@ -129,7 +144,8 @@ class Machine:
 @dataclass(frozen=True)
 class Speed:
     """The machines under the ranks (one per rank), the link between them, and how crowded
-    each rank's host is (its ranks over its cores, at least 1)."""
+    each rank's host is (its ranks over its cores: 0.25 for 2 ranks on 8 cores; records
+    before 2026-11-27 kept at least 1)."""
 
     machines: tuple[Machine, ...]
     link: Link
@@ -138,7 +154,18 @@ class Speed:
     rates_shared: bool = False
 
     def crowd(self, rank: int) -> float:
-        return self.crowding[rank] if self.crowding else 1.0
+        """How many times over the rank's host's cores are taken (at least 1)."""
+        return max(1.0, self.crowding[rank]) if self.crowding else 1.0
+
+    def overhead(self, rank: int, at_once: bool) -> Overhead:
+        """The rank's machine's overhead, or a CPU's with one core where the rank has one
+        core or less while it computes: ranks that compute `at_once` (a tensor or expert
+        split) share their host's cores; a pipeline's stages compute in turn."""
+        machine = self.machines[rank]
+        if machine.overhead is not CPU_OVERHEAD:
+            return machine.overhead
+        shared = self.crowding[rank] if self.crowding and at_once else 1.0 / machine.cores
+        return CPU_ONE_CORE_OVERHEAD if shared >= 1.0 else CPU_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -254,13 +281,15 @@ def predict(
         )
         segments.append((attention * crowd, rest * crowd, head * crowd))
     computes = [sum(parts) for parts in segments]
+    at_once = work.strategy != "pipeline" and work.world > 1
+    kinds = [speed.overhead(r.rank, at_once) for r in work.ranks]
     overheads = [
-        m.overhead.ms(r.layers, rows) * speed.crowd(r.rank)
-        for r, m in zip(work.ranks, speed.machines, strict=True)
+        o.ms(r.layers, rows, decode=not prefill) * speed.crowd(r.rank)
+        for r, o in zip(work.ranks, kinds, strict=True)
     ]
     if work.strategy == "pipeline":
         compute, overhead = sum(computes), sum(overheads)
-        overhead -= sum(m.overhead.step_ms for m in speed.machines[1:])  # one plan, one sampler
+        overhead -= sum(o.step_ms for o in kinds[1:])  # one plan, one sampler
     elif work.strategy == "tensor":
         compute, overhead = _synced_compute(work, segments), max(overheads)
     else:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from distributed.chips import Link, this_chip
-from distributed.hosts import RankHost, local_memory_bytes
+from distributed.hosts import RankHost, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, known_chip, machine_record, per_host
 from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
@@ -222,7 +221,7 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     return Machine(
         name=name or (f"{chip} (measured)" if chip else "this machine (measured)"),
         memory_bytes=local_memory_bytes(),
-        cores=_cores(),
+        cores=usable_cores(),
         rates=tuple(rates),
         head_rates=tuple(head_rates),
         flops_per_ms=2 * PREFILL_ROWS * rate * params_per_byte,
@@ -232,10 +231,6 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
         chip=known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
     )
-
-
-def _cores() -> int:
-    return os.cpu_count() or 1
 
 
 # ---- the link ---------------------------------------------------------------------------

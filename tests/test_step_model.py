@@ -16,7 +16,10 @@ from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
 from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, measure_split, splits
+from distributed.speed_records import crowding_of
 from distributed.step_model import (
+    CPU_ONE_CORE_OVERHEAD,
+    CPU_OVERHEAD,
     CROWDED_WAIT_MS,
     ClusterModel,
     Machine,
@@ -119,6 +122,33 @@ def test_ranks_that_outnumber_the_cores_wait_at_each_collective_of_a_tensor_plan
     # measured at start, the rates already hold the sharing of the cores
     shared = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3, rates_shared=True)
     assert predict(work, shared, 1).compute_ms == pytest.approx(alone.compute_ms)
+
+
+def test_a_rank_with_one_core_while_it_computes_pays_the_one_core_overhead() -> None:
+    """A tensor split's ranks on one host's 2 cores dispatch and compute in turn on one core
+    each; ranks on hosts of their own, and a pipeline's stages (which compute in turn),
+    keep CPU_OVERHEAD; a decode row's extra on one core is not a prefill's."""
+    cpu = replace(flat(), overhead=CPU_OVERHEAD)  # 2 cores
+    here = crowding_of([RankHost(host="here", cores=2, memory_bytes=2**34)] * 2)
+    apart = crowding_of([RankHost(host=f"m{i}", cores=2, memory_bytes=2**34) for i in range(2)])
+    assert here == (1.0, 1.0) and apart == (0.5, 0.5)
+    shared, alone = Speed((cpu, cpu), LINK, here), Speed((cpu, cpu), LINK, apart)
+    assert shared.overhead(0, at_once=True) is CPU_ONE_CORE_OVERHEAD
+    assert alone.overhead(0, at_once=True) is shared.overhead(0, at_once=False) is CPU_OVERHEAD
+    assert shared.crowd(0) == alone.crowd(0) == 1.0
+    tensor = plan_work(make_plan(SMOL, 2, None, "tensor"), 4)
+    assert predict(tensor, shared, 8).overhead_ms == pytest.approx(CPU_ONE_CORE_OVERHEAD.ms(30, 8))
+    assert predict(tensor, alone, 8).overhead_ms == pytest.approx(CPU_OVERHEAD.ms(30, 8))
+    assert CPU_ONE_CORE_OVERHEAD.ms(30, 8) > 2 * CPU_OVERHEAD.ms(30, 8)
+    prefill = predict(tensor, shared, 1, prefill=256).overhead_ms
+    assert prefill == pytest.approx(CPU_ONE_CORE_OVERHEAD.ms(30, 256, decode=False))
+    assert prefill < CPU_ONE_CORE_OVERHEAD.ms(30, 256)
+    pipe = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
+    assert predict(pipe, shared, 8).overhead_ms == pytest.approx(
+        2 * CPU_OVERHEAD.ms(15, 8) - CPU_OVERHEAD.step_ms
+    )
+    # one rank on a host of one core
+    assert Speed((replace(cpu, cores=1),), LINK).overhead(0, False) is CPU_ONE_CORE_OVERHEAD
 
 
 def test_measured_rates_interpolate_between_rows_and_grow_past_the_last() -> None:
