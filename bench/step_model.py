@@ -71,10 +71,12 @@ def _cell(pairs: list[tuple[float, float]], unit: str) -> str:
 
 
 def _setup(report: dict[str, Any]) -> str:
-    """What a run measured, whatever its name: runs of one setup share it."""
+    """What a run measured, whatever its name: runs of one setup share it (the cores a
+    rank could use among it: a run under `taskset -c 0` is a setup of its own)."""
     env = ",".join(f"{k}={v}" for k, v in sorted(report.get("env", {}).items()))
+    cores = report["model"]["speed"]["machines"][0]["cores"]
     return f"{report.get('model_dir')}|{report['ranks']}|{report['strategy']}|" + (
-        f"{report.get('delay_us')}|{env}"
+        f"{report.get('delay_us')}|{env}|{cores}"
     )
 
 

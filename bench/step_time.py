@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from distributed.hosts import usable_cores
 from ipc.protocol import Done, SamplingParams, Submit
 from launcher.local_cluster import Cluster
 
@@ -89,7 +89,7 @@ def main() -> None:
     env = {"MAX_BATCH_SIZE": str(max(args.batch)), "SPECULATIVE": "off", "KEEP_WARM_SECONDS": "0"}
     env |= dict(item.split("=", 1) for item in args.env)
     report: dict[str, Any] = {"ranks": args.ranks, "model_dir": args.model or "default", "env": env}
-    report |= {"delay_us": args.delay_us, "gbps": args.gbps, "cores": os.cpu_count()}
+    report |= {"delay_us": args.delay_us, "gbps": args.gbps, "cores": usable_cores()}
     with started(args, env) as cluster:
         status = cluster.status()
         report["plan"] = status.plan
