@@ -33,15 +33,17 @@ import numpy as np
 
 from bench.step_model import model_of
 from bench.step_time import run_batch
-from distributed.step_model import CPU_OVERHEAD, Overhead, Speed, predict
+from distributed.step_model import Overhead, Speed, cpu_overhead, predict
 from launcher.local_cluster import Cluster
 
 
-def measure(layers: int, root: Path) -> dict[int, float]:
+def measure(layers: int, root: Path, eager: bool) -> dict[int, float]:
     from tests.support.tiny_models import write_tiny_model
 
     model = write_tiny_model(root / f"tiny-{layers}", num_hidden_layers=layers, never_stops=True)
     env = {"MAX_BATCH_SIZE": "8", "SPECULATIVE": "off", "KEEP_WARM_SECONDS": "0"}
+    if eager:
+        env["COMPILED_DECODE"] = "off"
     with Cluster(model, ranks=1, env=env) as cluster:
         run_batch(cluster, 1, 8)
         for batch in (1, 8):
@@ -79,12 +81,13 @@ def main() -> None:
     parser.add_argument(
         "--calibrate", type=Path, nargs="*", default=[], help="one-rank bench.step_time reports"
     )
-    parser.add_argument("--one-core", action="store_true", help="fit CPU_ONE_CORE_OVERHEAD")
+    parser.add_argument("--one-core", action="store_true", help="a rank with one core")
+    parser.add_argument("--eager", action="store_true", help="steps not compiled")
     parser.add_argument("--rounds", type=int, default=1, help="times to step the tiny models")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         steps = [
-            {layers: measure(layers, Path(tmp) / str(n)) for layers in args.layers}
+            {layers: measure(layers, Path(tmp) / str(n), args.eager) for layers in args.layers}
             for n in range(args.rounds)
         ]
     # the fixed part: ms = step + layers x layer, over both depths, both batch sizes, rounds
@@ -94,7 +97,7 @@ def main() -> None:
     out = {"tiny_models_ms": steps, "step_ms": round(step, 3), "layer_ms": round(layer, 4)}
     if args.calibrate:
         reports = [json.loads(path.read_text()) for path in args.calibrate]
-        kept = CPU_OVERHEAD.row_layer_ms if args.one_core else 0.0
+        kept = cpu_overhead(False, args.eager).row_layer_ms if args.one_core else 0.0
         extra, per_row = calibrate(reports, step, layer, kept)
         out["full_layer_extra_ms"] = round(extra, 4)
         out["decode_row_layer_ms" if args.one_core else "row_layer_ms"] = round(per_row, 5)

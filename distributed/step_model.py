@@ -76,6 +76,27 @@ CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (do
 CPU_ONE_CORE_OVERHEAD = Overhead(
     0.0, 0.652, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0934
 )
+# The same two, measured alike with COMPILED_DECODE=off (`--eager`, 2026-11-27: the tiny
+# models' steps through the origin, three rounds each, and three one-rank runs each), for
+# the decode steps of plans that run uncompiled (a pipeline, an expert split:
+# distributed/step_work.py `eager`), where every elementwise operation of a layer is a
+# kernel launch of its own. The 2-rank pipeline's decode went from -7% / -7% at 1 / 8
+# clients to +6% / +3% (the same three runs, docs/BENCHMARKS.md).
+CPU_EAGER_OVERHEAD = Overhead(
+    0.0, 0.691, 0.0548, "measured: bench.step_overhead --eager (docs/BENCHMARKS.md)"
+)
+CPU_EAGER_ONE_CORE_OVERHEAD = Overhead(
+    0.0, 0.718, 0.0548, "measured: bench.step_overhead --eager --one-core", 0.0172
+)
+
+
+def cpu_overhead(one_core: bool, eager: bool) -> Overhead:
+    """A CPU rank's overhead: with one core or less while it computes, and uncompiled."""
+    if one_core:
+        return CPU_EAGER_ONE_CORE_OVERHEAD if eager else CPU_ONE_CORE_OVERHEAD
+    return CPU_EAGER_OVERHEAD if eager else CPU_OVERHEAD
+
+
 # ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
 # GPU runs the previous ones (async_eval), so graph building mostly overlaps.
 GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
@@ -157,15 +178,16 @@ class Speed:
         """How many times over the rank's host's cores are taken (at least 1)."""
         return max(1.0, self.crowding[rank]) if self.crowding else 1.0
 
-    def overhead(self, rank: int, at_once: bool) -> Overhead:
-        """The rank's machine's overhead, or a CPU's with one core where the rank has one
-        core or less while it computes: ranks that compute `at_once` (a tensor or expert
-        split) share their host's cores; a pipeline's stages compute in turn."""
+    def overhead(self, rank: int, at_once: bool, eager: bool = False) -> Overhead:
+        """The rank's machine's overhead; on a CPU, by whether the rank has one core or
+        less while it computes (ranks that compute `at_once`, a tensor or expert split,
+        share their host's cores; a pipeline's stages compute in turn) and whether its
+        step is `eager`."""
         machine = self.machines[rank]
         if machine.overhead is not CPU_OVERHEAD:
             return machine.overhead
         shared = self.crowding[rank] if self.crowding and at_once else 1.0 / machine.cores
-        return CPU_ONE_CORE_OVERHEAD if shared >= 1.0 else CPU_OVERHEAD
+        return cpu_overhead(shared >= 1.0, eager)
 
 
 @dataclass(frozen=True)
@@ -282,7 +304,10 @@ def predict(
         segments.append((attention * crowd, rest * crowd, head * crowd))
     computes = [sum(parts) for parts in segments]
     at_once = work.strategy != "pipeline" and work.world > 1
-    kinds = [speed.overhead(r.rank, at_once) for r in work.ranks]
+    # a prefill's forward is never compiled, on any plan: its rows were predicted within a
+    # few percent by the compiled decode's terms, so only a decode step tells eager apart
+    eager = work.eager and not prefill
+    kinds = [speed.overhead(r.rank, at_once, eager) for r in work.ranks]
     overheads = [
         o.ms(r.layers, rows, decode=not prefill) * speed.crowd(r.rank)
         for r, o in zip(work.ranks, kinds, strict=True)

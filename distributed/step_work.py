@@ -83,6 +83,15 @@ class PlanWork:
     def world(self) -> int:
         return len(self.ranks)
 
+    @property
+    def eager(self) -> bool:
+        """Whether the decode step runs uncompiled: a pipeline's stages and the experts'
+        routing of an expert split evaluate inside the forward (engine/build.py)."""
+        split_experts = self.num_experts > 0 and sum(r.experts_held for r in self.ranks) == (
+            self.num_experts
+        )
+        return self.world > 1 and (self.strategy == "pipeline" or split_experts)
+
     def calibrated(self, weight_bytes: list[int]) -> PlanWork:
         """The same work with each rank's parameters scaled to its real weight bytes (from
         the safetensors headers or the loaded weights)."""

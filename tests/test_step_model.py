@@ -29,6 +29,7 @@ from distributed.step_model import (
     _busiest_touched,
     _synced_compute,
     _touched,
+    cpu_overhead,
     predict,
 )
 from distributed.step_probe import LinkTimes, steadier
@@ -144,11 +145,18 @@ def test_a_rank_with_one_core_while_it_computes_pays_the_one_core_overhead() -> 
     assert prefill == pytest.approx(CPU_ONE_CORE_OVERHEAD.ms(30, 256, decode=False))
     assert prefill < CPU_ONE_CORE_OVERHEAD.ms(30, 256)
     pipe = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
+    assert pipe.eager and not tensor.eager  # a pipeline's stages evaluate inside the step
+    eager = cpu_overhead(one_core=False, eager=True)
+    assert eager is not CPU_OVERHEAD and eager is not cpu_overhead(True, True)
     assert predict(pipe, shared, 8).overhead_ms == pytest.approx(
-        2 * CPU_OVERHEAD.ms(15, 8) - CPU_OVERHEAD.step_ms
+        2 * eager.ms(15, 8) - eager.step_ms
     )
     # one rank on a host of one core
     assert Speed((replace(cpu, cores=1),), LINK).overhead(0, False) is CPU_ONE_CORE_OVERHEAD
+    # an expert split's routing evaluates inside the step; experts sliced on every rank not
+    moe = write_config("qwen3_moe")
+    assert plan_work(make_plan(moe, 2, None, "tensor"), 4).eager
+    assert not plan_work(make_plan(moe, 1, None, "tensor"), 4).eager
 
 
 def test_measured_rates_interpolate_between_rows_and_grow_past_the_last() -> None:
