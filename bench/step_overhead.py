@@ -8,7 +8,7 @@ a decode step costs beyond the weights the probe times.
 1. The fixed part: the decode steps of the tests' tiny llama (hidden 64, a byte tokenizer)
    at 6 and 30 layers, one rank, 1 and 8 clients, in the server; their weights cost next
    to nothing, so the steps are the plan, the sampler, streaming and the graph; fitted as
-   `step_ms + layers x layer_ms`.
+   `step_ms + layers x layer_ms` (through the origin where the fit puts `step_ms` below 0).
 2. With `--calibrate`, a one-rank bench/step_time.py report of a model with full-size
    layers: its measured steps at 1 and 8 clients less the probe's weights and the fixed
    part, per layer, fitted as `layers x (extra + rows x row_layer_ms)` (on this CPU the
@@ -17,8 +17,11 @@ a decode step costs beyond the weights the probe times.
    calibration, not predictions. Several reports are fitted together.
 3. With `--one-core`, the same for a rank with one core (`CPU_ONE_CORE_OVERHEAD`): run it,
    and the reports' bench.step_time, under `OPENBLAS_NUM_THREADS=1 taskset -c 0`; a row
-   and layer keeps `CPU_OVERHEAD`'s cost, which a prefill's rows pay alike on one core and
-   two, and the fit is of the extra a decode row and layer costs on one core.
+   and layer keeps the two-core kind's cost, which a prefill's rows pay alike on one core
+   and two, and the fit is of the extra a decode row and layer costs on one core.
+4. With `--eager`, the tiny models' steps uncompiled (COMPILED_DECODE=off), for
+   `CPU_EAGER_OVERHEAD` (and with `--one-core` its one-core kind): the reports then come
+   from bench.step_time with `--env COMPILED_DECODE=off`.
 """
 
 from __future__ import annotations
@@ -93,7 +96,10 @@ def main() -> None:
     # the fixed part: ms = step + layers x layer, over both depths, both batch sizes, rounds
     points = [(layers, ms) for run in steps for layers, by in run.items() for ms in by.values()]
     a = np.array([[1.0, layers] for layers, _ in points])
-    step, layer = np.linalg.lstsq(a, np.array([ms for _, ms in points]), rcond=None)[0]
+    times = np.array([ms for _, ms in points])
+    step, layer = np.linalg.lstsq(a, times, rcond=None)[0]
+    if step < 0:  # a fixed part within noise of none: through the origin
+        step, layer = 0.0, float(a[:, 1] @ times / (a[:, 1] @ a[:, 1]))
     out = {"tiny_models_ms": steps, "step_ms": round(step, 3), "layer_ms": round(layer, 4)}
     if args.calibrate:
         reports = [json.loads(path.read_text()) for path in args.calibrate]
