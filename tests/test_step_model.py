@@ -6,6 +6,9 @@ them on given machines and links. How well it predicts real steps is a benchmark
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -157,6 +160,19 @@ def test_a_rank_with_one_core_while_it_computes_pays_the_one_core_overhead() -> 
     moe = write_config("qwen3_moe")
     assert plan_work(make_plan(moe, 2, None, "tensor"), 4).eager
     assert not plan_work(make_plan(moe, 1, None, "tensor"), 4).eager
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_a_hosts_cores_are_those_the_process_may_run_on() -> None:
+    """A rank started under `taskset -c 0` has one core to itself, whatever the machine's."""
+    first = min(os.sched_getaffinity(0))
+    code = "from distributed.hosts import this_host; print(this_host().cores)"
+    pinned = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent,
+        preexec_fn=lambda: os.sched_setaffinity(0, {first}),
+    )  # fmt: skip
+    assert pinned.stdout.strip() == "1", pinned.stderr
 
 
 def test_measured_rates_interpolate_between_rows_and_grow_past_the_last() -> None:
