@@ -1,4 +1,4 @@
-"""The step-time model's overhead on a CPU (distributed/step_model.py `CPU_OVERHEAD`): what
+"""The step-time model's overhead on a CPU (distributed/step_overhead.py): what
 a decode step costs beyond the weights the probe times.
 
     eval "$(.venv/bin/python -m launcher.command blas-env)"
@@ -36,7 +36,8 @@ import numpy as np
 
 from bench.step_model import model_of
 from bench.step_time import run_batch
-from distributed.step_model import Overhead, Speed, cpu_overhead, predict
+from distributed.step_model import Speed, predict
+from distributed.step_overhead import Overhead, cpu_overhead
 from launcher.local_cluster import Cluster
 
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from distributed.chips import Chip, Link, chip_named
 from distributed.hosts import RankHost
-from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
+from distributed.step_model import Machine, Speed
+from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
 
 RECORD_BYTES = 2048  # a rank's record in the all_gather, JSON padded with zeros
 

@@ -11,8 +11,8 @@
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Ranks that outnumber their host's cores wait for the scheduler
   at each collective of a tensor plan (CROWDED_WAIT_MS).
-- overhead: what no weight causes (building the step's graph, norms and activations,
-  sampling, the plan), per step and per layer, by the kind of device.
+- overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
+  and on a CPU by the cores a rank has while it computes and whether its step is compiled.
 
 A machine's rate is measured where the ranks run (bytes a rank multiplies per ms at 1, 2,
 4, 8 and 16 rows and at a prefill's many), or, for an Apple chip described by hand, its
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distributed.chips import Chip, Link
+from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD, Overhead, cpu_overhead
 from distributed.step_work import PlanWork, RankWork
 
 # ASSUMED for Apple GPUs (no Mac runs here): MLX's decode reads weights at this share of the
@@ -39,67 +40,6 @@ FLOPS_SHARE = 0.5
 # Measured here (docs/BENCHMARKS.md): a collective of a tensor plan whose ranks outnumber
 # their host's cores waits this long for the scheduler to run every rank.
 CROWDED_WAIT_MS = 3.7
-
-
-@dataclass(frozen=True)
-class Overhead:
-    """Per-step time no weight causes: `step_ms` once, `layer_ms` per decoder layer a rank
-    runs, `row_layer_ms` per row per layer (activations, norms, attention's dispatch), and
-    `decode_row_layer_ms` more per row per layer of a decode step (not of a prefill)."""
-
-    step_ms: float
-    layer_ms: float
-    row_layer_ms: float
-    source: str
-    decode_row_layer_ms: float = 0.0
-
-    def ms(self, layers: int, rows: int, decode: bool = True) -> float:
-        per_row = self.row_layer_ms + (self.decode_row_layer_ms if decode else 0.0)
-        return self.step_ms + layers * (self.layer_ms + rows * per_row)
-
-
-# MLX on a CPU (this project's Linux hosts), bench/step_overhead.py: the fixed part from
-# the steps of tiny models whose weights cost nothing (0.475 ms a step, 0.266 ms a layer);
-# a full-size layer's extra (the kernel's helper threads wake for each product between a
-# layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
-# 0.0433 ms) from the default model's steps on one rank, less the probe's weights.
-CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
-# A rank with one core or less while it computes (a tensor or expert split's ranks sharing
-# a host's cores, or a one-core host), bench/step_overhead.py --one-core: MLX's thread that
-# builds and dispatches the step and the threads that run its kernels take turns on the
-# core where they overlapped on two. The tiny models' steps under `taskset -c 0`, six
-# rounds: 0.531 ms a layer, a fixed part within noise of none; a full-size layer's extra
-# (0.121 ms) and 0.0934 ms more a decode row and layer from three one-rank runs of the
-# default model on one core, whose prefills' rows cost what they do on two (predicted
-# within 6%). With it the 2-rank tensor split's steps on this host's 2 cores went from
-# -18% / -28% at 1 / 8 clients to within 2% (the same runs, docs/BENCHMARKS.md).
-CPU_ONE_CORE_OVERHEAD = Overhead(
-    0.0, 0.652, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0934
-)
-# The same two, measured alike with COMPILED_DECODE=off (`--eager`, 2026-11-27: the tiny
-# models' steps through the origin, three rounds each, and three one-rank runs each), for
-# the decode steps of plans that run uncompiled (a pipeline, an expert split:
-# distributed/step_work.py `eager`), where every elementwise operation of a layer is a
-# kernel launch of its own. The 2-rank pipeline's decode went from -7% / -7% at 1 / 8
-# clients to +6% / +3% (the same three runs, docs/BENCHMARKS.md).
-CPU_EAGER_OVERHEAD = Overhead(
-    0.0, 0.691, 0.0548, "measured: bench.step_overhead --eager (docs/BENCHMARKS.md)"
-)
-CPU_EAGER_ONE_CORE_OVERHEAD = Overhead(
-    0.0, 0.718, 0.0548, "measured: bench.step_overhead --eager --one-core", 0.0172
-)
-
-
-def cpu_overhead(one_core: bool, eager: bool) -> Overhead:
-    """A CPU rank's overhead: with one core or less while it computes, and uncompiled."""
-    if one_core:
-        return CPU_EAGER_ONE_CORE_OVERHEAD if eager else CPU_ONE_CORE_OVERHEAD
-    return CPU_EAGER_OVERHEAD if eager else CPU_OVERHEAD
-
-
-# ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
-# GPU runs the previous ones (async_eval), so graph building mostly overlaps.
-GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from distributed.chips import Link, this_chip
 from distributed.hosts import RankHost, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, known_chip, machine_record, per_host
-from distributed.step_model import CPU_OVERHEAD, GPU_OVERHEAD, Machine, Speed
+from distributed.step_model import Machine, Speed
+from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
 from distributed.step_work import bytes_per_param
 
 log = logging.getLogger("ring.plan")

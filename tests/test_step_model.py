@@ -21,20 +21,17 @@ from distributed.plan import make_plan
 from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, measure_split, splits
 from distributed.speed_records import crowding_of
 from distributed.step_model import (
-    CPU_ONE_CORE_OVERHEAD,
-    CPU_OVERHEAD,
     CROWDED_WAIT_MS,
     ClusterModel,
     Machine,
-    Overhead,
     Speed,
     StepTime,
     _busiest_touched,
     _synced_compute,
     _touched,
-    cpu_overhead,
     predict,
 )
+from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, Overhead, cpu_overhead
 from distributed.step_probe import LinkTimes, steadier
 from distributed.step_work import bytes_per_param, plan_work
 from engine.prefix_disk import layout_digest

@@ -1,0 +1,70 @@
+"""A step's overhead: the time no weight causes (building the step's graph, norms and
+activations, sampling, the plan), per step, per layer and per row and layer, by the kind
+of device, and on a CPU by the cores a rank has while it computes and whether its step is
+compiled (distributed/step_model.py adds it to a step's compute and collectives; the
+figures: docs/BENCHMARKS.md, "The step-time model in the product")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Per-step time no weight causes: `step_ms` once, `layer_ms` per decoder layer a rank
+    runs, `row_layer_ms` per row per layer (activations, norms, attention's dispatch), and
+    `decode_row_layer_ms` more per row per layer of a decode step (not of a prefill)."""
+
+    step_ms: float
+    layer_ms: float
+    row_layer_ms: float
+    source: str
+    decode_row_layer_ms: float = 0.0
+
+    def ms(self, layers: int, rows: int, decode: bool = True) -> float:
+        per_row = self.row_layer_ms + (self.decode_row_layer_ms if decode else 0.0)
+        return self.step_ms + layers * (self.layer_ms + rows * per_row)
+
+
+# MLX on a CPU (this project's Linux hosts), bench/step_overhead.py: the fixed part from
+# the steps of tiny models whose weights cost nothing (0.475 ms a step, 0.266 ms a layer);
+# a full-size layer's extra (the kernel's helper threads wake for each product between a
+# layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
+# 0.0433 ms) from the default model's steps on one rank, less the probe's weights.
+CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
+# A rank with one core or less while it computes (a tensor or expert split's ranks sharing
+# a host's cores, or a one-core host), bench/step_overhead.py --one-core: MLX's thread that
+# builds and dispatches the step and the threads that run its kernels take turns on the
+# core where they overlapped on two. The tiny models' steps under `taskset -c 0`, six
+# rounds: 0.531 ms a layer, a fixed part within noise of none; a full-size layer's extra
+# (0.121 ms) and 0.0934 ms more a decode row and layer from three one-rank runs of the
+# default model on one core, whose prefills' rows cost what they do on two (predicted
+# within 6%). With it the 2-rank tensor split's steps on this host's 2 cores went from
+# -18% / -28% at 1 / 8 clients to within 2% (the same runs, docs/BENCHMARKS.md).
+CPU_ONE_CORE_OVERHEAD = Overhead(
+    0.0, 0.652, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0934
+)
+# The same two, measured alike with COMPILED_DECODE=off (`--eager`, 2026-11-27: the tiny
+# models' steps through the origin, three rounds each, and three one-rank runs each), for
+# the decode steps of plans that run uncompiled (a pipeline, an expert split:
+# distributed/step_work.py `eager`), where every elementwise operation of a layer is a
+# kernel launch of its own. The 2-rank pipeline's decode went from -7% / -7% at 1 / 8
+# clients to +6% / +3% (the same three runs, docs/BENCHMARKS.md).
+CPU_EAGER_OVERHEAD = Overhead(
+    0.0, 0.691, 0.0548, "measured: bench.step_overhead --eager (docs/BENCHMARKS.md)"
+)
+CPU_EAGER_ONE_CORE_OVERHEAD = Overhead(
+    0.0, 0.718, 0.0548, "measured: bench.step_overhead --eager --one-core", 0.0172
+)
+
+
+def cpu_overhead(one_core: bool, eager: bool) -> Overhead:
+    """A CPU rank's overhead: with one core or less while it computes, and uncompiled."""
+    if one_core:
+        return CPU_EAGER_ONE_CORE_OVERHEAD if eager else CPU_ONE_CORE_OVERHEAD
+    return CPU_EAGER_OVERHEAD if eager else CPU_OVERHEAD
+
+
+# ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the
+# GPU runs the previous ones (async_eval), so graph building mostly overlaps.
+GPU_OVERHEAD = Overhead(2.0, 0.15, 0.0, "assumed: ~30 kernels a layer at ~5 us each")
