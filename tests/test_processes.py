@@ -67,11 +67,19 @@ def test_a_projects_processes_are_found_by_command_line_and_directory(tmp_path, 
     by_dir = subprocess.Popen(sleeper, cwd=tmp_path)
     by_name = subprocess.Popen([*sleeper, str(tmp_path / "marker")])
     try:
-        found = {
-            pid
-            for pid, command, cwd, state in listing()
-            if state != "Z" and (str(tmp_path) in command or cwd == str(tmp_path))
-        }
+        # Popen returns once the child's exec closed its error pipe, which the kernel does
+        # before it sets the new program's arguments: /proc/PID/cmdline can read empty for
+        # that moment (a fresh clone's CI found the child by directory, not by name)
+        deadline = time.monotonic() + 5
+        while True:
+            found = {
+                pid
+                for pid, command, cwd, state in listing()
+                if state != "Z" and (str(tmp_path) in command or cwd == str(tmp_path))
+            }
+            if found == {by_dir.pid, by_name.pid} or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert found == {by_dir.pid, by_name.pid}, found
     finally:
         for child in (by_dir, by_name):
