@@ -157,7 +157,7 @@ def _busiest_touched(work: PlanWork, tokens: int, samples: int = 256) -> list[fl
     total, picks = work.num_experts, work.experts_per_token
     if not total or not any(held):
         return [0.0] * len(held)
-    if sum(held) != total:  # every rank holds a slice of every expert (mlx-lm's shard())
+    if not work.experts_divided:  # every rank holds a slice of every expert
         return [_touched(h, total, picks, tokens) for h in held]
     if tokens * picks > 4 * total:  # every expert is all but sure to be touched
         most = max(_touched(h, total, picks, tokens) for h in held)

@@ -84,13 +84,17 @@ class PlanWork:
         return len(self.ranks)
 
     @property
+    def experts_divided(self) -> bool:
+        """Whether each routed expert is held whole by one rank (an expert split), not
+        sliced across every rank (mlx-lm's shard())."""
+        held = sum(r.experts_held for r in self.ranks)
+        return self.num_experts > 0 and held == self.num_experts
+
+    @property
     def eager(self) -> bool:
         """Whether the decode step runs uncompiled: a pipeline's stages and the experts'
         routing of an expert split evaluate inside the forward (engine/build.py)."""
-        split_experts = self.num_experts > 0 and sum(r.experts_held for r in self.ranks) == (
-            self.num_experts
-        )
-        return self.world > 1 and (self.strategy == "pipeline" or split_experts)
+        return self.world > 1 and (self.strategy == "pipeline" or self.experts_divided)
 
     def calibrated(self, weight_bytes: list[int]) -> PlanWork:
         """The same work with each rank's parameters scaled to its real weight bytes (from
