@@ -9,8 +9,8 @@
   pipeline's stages run one after another, so every rank counts.
 - collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
   measured at start (distributed/step_probe.py) or from the link's table
-  (distributed/chips.py). Ranks that outnumber their host's cores wait for the scheduler
-  at each collective of a tensor plan (CROWDED_WAIT_MS).
+  (distributed/chips.py). Where ranks outnumber their host's cores, each hop of a
+  collective also waits for the scheduler to run the rank it needs (CROWDED_HOP_MS).
 - overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
   and on a CPU by the cores a rank has while it computes and whether its step is compiled.
 
@@ -37,9 +37,14 @@ from distributed.step_work import PlanWork, RankWork
 # chip's specified bandwidth, and a prefill multiplies at this share of its arithmetic.
 BANDWIDTH_SHARE = 0.8
 FLOPS_SHARE = 0.5
-# Measured here (docs/BENCHMARKS.md): a collective of a tensor plan whose ranks outnumber
-# their host's cores waits this long for the scheduler to run every rank.
-CROWDED_WAIT_MS = 3.7
+# Measured here (docs/BENCHMARKS.md, "Figures behind the code"): where a host's ranks
+# outnumber its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's
+# one) waits this long for the scheduler to run the rank it needs, about one tick of the
+# kernel's 250 Hz clock: 3.0-3.8 ms a hop, 3.4 on average, over six runs of 3 ranks of a
+# tensor split on 2 cores at 1 and 8 clients (126 hops a step), the loopback's own cost
+# taken from its table. A pipeline's hand-overs wait alike (its few hops were hidden
+# under its stages' noisier rates: 4.5 ms a hop at 1 client over nine runs).
+CROWDED_HOP_MS = 3.4
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,8 @@ def predict(
     else:
         compute, overhead = max(computes), max(overheads)
     talk, count = 0.0, 0
-    crowded = work.strategy == "tensor" and max(speed.crowding or (1.0,)) > 1.0
+    crowded = max(speed.crowding or (1.0,)) > 1.0
+    ring_hops = work.world - 1 if speed.link.topology == "ring" else 1
     for c in work.collectives:
         nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)
         if c.kind == "all_sum":
@@ -270,7 +276,7 @@ def predict(
         else:
             each = speed.link.all_gather_ms(nbytes, work.world)
         if crowded:
-            each += CROWDED_WAIT_MS
+            each += CROWDED_HOP_MS * (1 if c.kind == "send" else ring_hops)
         talk += c.count * each
         count += c.count
     return StepTime(

@@ -21,7 +21,7 @@ from distributed.plan import make_plan
 from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, measure_split, splits
 from distributed.speed_records import crowding_of
 from distributed.step_model import (
-    CROWDED_WAIT_MS,
+    CROWDED_HOP_MS,
     ClusterModel,
     Machine,
     Speed,
@@ -32,7 +32,7 @@ from distributed.step_model import (
     predict,
 )
 from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, Overhead, cpu_overhead
-from distributed.step_probe import LinkTimes, steadier
+from distributed.step_probe import LinkTimes, crowded_link, steadier
 from distributed.step_work import bytes_per_param, plan_work
 from engine.prefix_disk import layout_digest
 from launcher.plan_machines import parse_host
@@ -112,17 +112,44 @@ def test_a_tensor_plan_pays_its_collectives_and_waits_for_its_busiest_rank() -> 
     assert staged.collectives == 3 and staged.collective_ms < 1.0
 
 
-def test_ranks_that_outnumber_the_cores_wait_at_each_collective_of_a_tensor_plan() -> None:
+def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> None:
+    """3 ranks on 2 cores: a ring all_sum's 2 hops and a hand-over's one each wait for the
+    scheduler, whatever the split."""
     work = plan_work(make_plan(SMOL, 3, None, "tensor"), 4)
     alone = predict(work, Speed((flat(),) * 3, LINK), 1)
     crowded = predict(work, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
+    assert {c.kind for c in work.collectives} <= {"all_sum", "all_gather"}  # 2 hops each
     assert crowded.collective_ms == pytest.approx(
-        alone.collective_ms + alone.collectives * CROWDED_WAIT_MS
+        alone.collective_ms + alone.collectives * 2 * CROWDED_HOP_MS
     )
     assert crowded.compute_ms == pytest.approx(1.5 * alone.compute_ms)
     # measured at start, the rates already hold the sharing of the cores
     shared = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3, rates_shared=True)
     assert predict(work, shared, 1).compute_ms == pytest.approx(alone.compute_ms)
+    # a pipeline: the plan's all_sum (2 hops) and three hand-overs (one each)
+    pipe = plan_work(make_plan(SMOL, 3, None, "pipeline"), 4)
+    kinds = sorted((c.kind, c.count) for c in pipe.collectives)
+    assert kinds == [("all_sum", 1), ("send", 1), ("send", 2)]
+    staged = predict(pipe, Speed((flat(),) * 3, LINK), 1)
+    waited = predict(pipe, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
+    assert waited.collective_ms == pytest.approx(staged.collective_ms + 5 * CROWDED_HOP_MS)
+    # two ranks on a host of their own each: nobody waits
+    apart = predict(work, Speed((flat(),) * 3, LINK, crowding=(0.5,) * 3), 1)
+    assert apart.collective_ms == pytest.approx(alone.collective_ms)
+
+
+def test_a_crowded_host_takes_the_loopback_from_its_table() -> None:
+    """What ranks outnumbering one host's cores time at start is the scheduler's turns:
+    the loopback's table figure stands in for it, named for the crowding."""
+    measured = Link("measured (ring, 3 ranks)", 2149.0, 26.7, "ring", "timed")
+    link = crowded_link(measured, 3, 2)
+    local = link_named("ring-local")
+    assert (link.latency_us, link.gb_s, link.topology) == (
+        local.latency_us,
+        local.gb_s,
+        "ring",
+    )
+    assert link.name == "ring-local (3 ranks on 2 cores)"
 
 
 def test_a_rank_with_one_core_while_it_computes_pays_the_one_core_overhead() -> None:
