@@ -1,0 +1,148 @@
+"""The step-time model where ranks share cores and a link (distributed/step_model.py,
+step_overhead.py, step_probe.py, speed_records.py, hosts.py): the overhead of a rank with
+one core, the scheduler's turns where ranks outnumber the cores, and the link's measures
+kept. How well it predicts real steps is a benchmark (docs/BENCHMARKS.md), not asserted
+here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from distributed.chips import Link, link_named
+from distributed.hosts import RankHost
+from distributed.plan import make_plan
+from distributed.speed_records import crowding_of
+from distributed.step_model import CROWDED_HOP_MS, Speed, predict
+from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, cpu_overhead
+from distributed.step_probe import LinkTimes, crowded_link, steadier
+from distributed.step_work import plan_work
+from tests.support.family_configs import CONFIGS
+from tests.support.step_machines import LINK, SMOL, flat
+
+
+def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> None:
+    """3 ranks on 2 cores: a ring all_sum's 2 hops and a hand-over's one each wait for the
+    scheduler, whatever the split."""
+    work = plan_work(make_plan(SMOL, 3, None, "tensor"), 4)
+    alone = predict(work, Speed((flat(),) * 3, LINK), 1)
+    crowded = predict(work, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
+    assert {c.kind for c in work.collectives} <= {"all_sum", "all_gather"}  # 2 hops each
+    assert crowded.collective_ms == pytest.approx(
+        alone.collective_ms + alone.collectives * 2 * CROWDED_HOP_MS
+    )
+    assert crowded.compute_ms == pytest.approx(1.5 * alone.compute_ms)
+    # measured at start, the rates already hold the sharing of the cores
+    shared = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3, rates_shared=True)
+    assert predict(work, shared, 1).compute_ms == pytest.approx(alone.compute_ms)
+    # a pipeline: the plan's all_sum (2 hops) and three hand-overs (one each)
+    pipe = plan_work(make_plan(SMOL, 3, None, "pipeline"), 4)
+    kinds = sorted((c.kind, c.count) for c in pipe.collectives)
+    assert kinds == [("all_sum", 1), ("send", 1), ("send", 2)]
+    staged = predict(pipe, Speed((flat(),) * 3, LINK), 1)
+    waited = predict(pipe, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
+    assert waited.collective_ms == pytest.approx(staged.collective_ms + 5 * CROWDED_HOP_MS)
+    # two ranks on a host of their own each: nobody waits
+    apart = predict(work, Speed((flat(),) * 3, LINK, crowding=(0.5,) * 3), 1)
+    assert apart.collective_ms == pytest.approx(alone.collective_ms)
+
+
+def test_a_crowded_host_takes_the_loopback_from_its_table() -> None:
+    """What ranks outnumbering one host's cores time at start is the scheduler's turns:
+    the loopback's table figure stands in for it, named for the crowding."""
+    measured = Link("measured (ring, 3 ranks)", 2149.0, 26.7, "ring", "timed")
+    link = crowded_link(measured, 3, 2)
+    local = link_named("ring-local")
+    assert (link.latency_us, link.gb_s, link.topology) == (
+        local.latency_us,
+        local.gb_s,
+        "ring",
+    )
+    assert link.name == "ring-local (3 ranks on 2 cores)"
+
+
+def test_a_rank_with_one_core_while_it_computes_pays_the_one_core_overhead() -> None:
+    """A tensor split's ranks on one host's 2 cores dispatch and compute in turn on one core
+    each; ranks on hosts of their own, and a pipeline's stages (which compute in turn),
+    keep CPU_OVERHEAD; a decode row's extra on one core is not a prefill's."""
+    cpu = replace(flat(), overhead=CPU_OVERHEAD)  # 2 cores
+    here = crowding_of([RankHost(host="here", cores=2, memory_bytes=2**34)] * 2)
+    apart = crowding_of([RankHost(host=f"m{i}", cores=2, memory_bytes=2**34) for i in range(2)])
+    assert here == (1.0, 1.0) and apart == (0.5, 0.5)
+    shared, alone = Speed((cpu, cpu), LINK, here), Speed((cpu, cpu), LINK, apart)
+    assert shared.overhead(0, at_once=True) is CPU_ONE_CORE_OVERHEAD
+    assert alone.overhead(0, at_once=True) is shared.overhead(0, at_once=False) is CPU_OVERHEAD
+    assert shared.crowd(0) == alone.crowd(0) == 1.0
+    tensor = plan_work(make_plan(SMOL, 2, None, "tensor"), 4)
+    assert predict(tensor, shared, 8).overhead_ms == pytest.approx(CPU_ONE_CORE_OVERHEAD.ms(30, 8))
+    assert predict(tensor, alone, 8).overhead_ms == pytest.approx(CPU_OVERHEAD.ms(30, 8))
+    assert CPU_ONE_CORE_OVERHEAD.ms(30, 8) > 2 * CPU_OVERHEAD.ms(30, 8)
+    prefill = predict(tensor, shared, 1, prefill=256).overhead_ms
+    assert prefill == pytest.approx(CPU_ONE_CORE_OVERHEAD.ms(30, 256, decode=False))
+    assert prefill < CPU_ONE_CORE_OVERHEAD.ms(30, 256)
+    pipe = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
+    assert pipe.eager and not tensor.eager  # a pipeline's stages evaluate inside the step
+    eager = cpu_overhead(one_core=False, eager=True)
+    assert eager is not CPU_OVERHEAD and eager is not cpu_overhead(True, True)
+    assert predict(pipe, shared, 8).overhead_ms == pytest.approx(
+        2 * eager.ms(15, 8) - eager.step_ms
+    )
+    # one rank on a host of one core
+    assert Speed((replace(cpu, cores=1),), LINK).overhead(0, False) is CPU_ONE_CORE_OVERHEAD
+    # an expert split's routing evaluates inside the step; experts sliced on every rank not
+    moe = dict(CONFIGS["qwen3_moe"], vocab_size=512)
+    assert plan_work(make_plan(moe, 2, None, "tensor"), 4).eager
+    assert not plan_work(make_plan(moe, 1, None, "tensor"), 4).eager
+
+
+def test_a_hosts_cores_are_those_the_process_may_run_on() -> None:
+    """A rank started under `taskset -c 0` has one core to itself, whatever the machine's."""
+    first = min(os.sched_getaffinity(0))
+    code = "from distributed.hosts import this_host; print(this_host().cores)"
+    pinned = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent,
+        preexec_fn=lambda: os.sched_setaffinity(0, {first}),
+    )  # fmt: skip
+    assert pinned.stdout.strip() == "1", pinned.stderr
+
+
+def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
+    from distributed.speed_records import machine_record, per_host
+
+    def record(rate: float) -> dict:
+        return {"machine": machine_record(flat(rate))}
+
+    hosts = [RankHost(host=h, cores=2, memory_bytes=2**34) for h in ("a", "a", "a", "b")]
+    machines = per_host([record(5e6), record(17e6), record(11e6), record(3e6)], hosts)
+    assert [dict(m.rates)[1] for m in machines] == [11e6, 11e6, 11e6, 3e6]
+
+
+def test_of_two_measures_of_the_link_the_cheaper_is_kept() -> None:
+    disturbed = Link("measured", 1236.0, 1.1, "ring", "a probe the start disturbed")
+    quiet = Link("measured", 72.0, 2.8, "ring", "a second later")
+    assert steadier(disturbed, quiet) is quiet and steadier(quiet, disturbed) is quiet
+    # a fit tilted by one slow large all_sum: cheap to start, dear by the byte
+    tilted = Link("measured", 34.0, 0.07, "ring", "a probe whose largest all_sum was slow")
+    assert steadier(tilted, quiet) is quiet and steadier(quiet, tilted) is quiet
+
+
+def test_each_size_keeps_its_cheaper_time_before_the_link_is_fitted() -> None:
+    sizes = (4096, 2304, 18432, 36864, 294912)
+    clean = tuple(0.07 + n / 1e6 for n in sizes)  # 70 us + 1 GB/s
+    first = LinkTimes(sizes, (clean[0] * 9, *clean[1:]))  # the step plan's all_sum disturbed
+    second = LinkTimes(sizes, (*clean[:-1], clean[-1] * 6))  # the largest one disturbed
+    assert first.fastest(second).times == clean
+    link = first.fastest(second).fit("ring", 2)
+    assert link.latency_us == pytest.approx(70.0, rel=0.01)
+    assert link.all_sum_ms(2**20, 2) == pytest.approx(0.07 + 2**20 / 1e6, rel=0.01)
+    for one in (first, second):  # either pass alone fits a link off by far more
+        alone = one.fit("ring", 2)
+        assert abs(alone.all_sum_ms(2**20, 2) - link.all_sum_ms(2**20, 2)) > 0.3 or (
+            alone.latency_us > 1.5 * link.latency_us
+        )
