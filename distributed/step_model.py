@@ -43,7 +43,7 @@ FLOPS_SHARE = 0.5
 # kernel's 250 Hz clock: 3.0-3.8 ms a hop, 3.4 on average, over six runs of 3 ranks of a
 # tensor split on 2 cores at 1 and 8 clients (126 hops a step), the loopback's own cost
 # taken from its table. A pipeline's hand-overs wait alike (its few hops were hidden
-# under its stages' noisier rates: 4.5 ms a hop at 1 client over nine runs).
+# under its stages' noisier rates: 4.7 ms a hop at 1 client over nine runs).
 CROWDED_HOP_MS = 3.4
 
 
