@@ -10,7 +10,8 @@
 - collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Where ranks outnumber their host's cores, each hop of a
-  collective also waits for the scheduler to run the rank it needs (CROWDED_HOP_MS).
+  collective also waits for the scheduler to run the rank it needs (CROWDED_HOP_MS), and
+  a large one again as its bytes pass (CROWDED_MS_PER_MB).
 - overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
   and on a CPU by the cores a rank has while it computes and whether its step is compiled.
 
@@ -45,6 +46,11 @@ FLOPS_SHARE = 0.5
 # taken from its table. A pipeline's hand-overs wait alike (its few hops were hidden
 # under its stages' noisier rates: 4.7 ms a hop at 1 client over nine runs).
 CROWDED_HOP_MS = 3.4
+# And a large transfer between such ranks waits a turn again for about every 0.4 MB moved:
+# 3 ranks on 2 cores, an all_sum between a step's products, 20 a step, two runs: 0.02 /
+# 0.29 / 1.18 / 3.32 MB took 5.9-6.4 / 10.4-10.8 / 15.4-17.8 / 50-53 ms, 8.5 ms a MB moved
+# beyond the hops' turns and the loopback (docs/BENCHMARKS.md, "Figures behind the code").
+CROWDED_MS_PER_MB = 8.5
 
 
 @dataclass(frozen=True)
@@ -271,12 +277,15 @@ def predict(
         nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)
         if c.kind == "all_sum":
             each = speed.link.all_sum_ms(nbytes, work.world)
+            moved = 2 * (work.world - 1) / work.world * nbytes
         elif c.kind == "send":
-            each = speed.link.send_ms(nbytes)
+            each, moved = speed.link.send_ms(nbytes), nbytes
         else:
             each = speed.link.all_gather_ms(nbytes, work.world)
+            moved = (work.world - 1) * nbytes
         if crowded:
-            each += CROWDED_HOP_MS * (1 if c.kind == "send" else ring_hops)
+            hops = 1 if c.kind == "send" else ring_hops
+            each += CROWDED_HOP_MS * hops + CROWDED_MS_PER_MB * moved / 1e6
         talk += c.count * each
         count += c.count
     return StepTime(

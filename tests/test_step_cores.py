@@ -18,36 +18,58 @@ from distributed.chips import Link, link_named
 from distributed.hosts import RankHost
 from distributed.plan import make_plan
 from distributed.speed_records import crowding_of
-from distributed.step_model import CROWDED_HOP_MS, Speed, predict
+from distributed.step_model import CROWDED_HOP_MS, CROWDED_MS_PER_MB, Speed, predict
 from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, cpu_overhead
 from distributed.step_probe import LinkTimes, crowded_link, steadier
-from distributed.step_work import plan_work
+from distributed.step_work import PlanWork, plan_work
 from tests.support.family_configs import CONFIGS
 from tests.support.step_machines import LINK, SMOL, flat
 
 
 def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> None:
     """3 ranks on 2 cores: a ring all_sum's 2 hops and a hand-over's one each wait for the
-    scheduler, whatever the split."""
+    scheduler, whatever the split, and a large transfer waits again as its bytes pass."""
     work = plan_work(make_plan(SMOL, 3, None, "tensor"), 4)
-    alone = predict(work, Speed((flat(),) * 3, LINK), 1)
-    crowded = predict(work, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
+    crowding = (1.5,) * 3
+
+    def extra(plan: PlanWork, prefill: int = 0) -> float:
+        """Its collectives' ms crowded, less the same uncrowded."""
+        ms = [
+            predict(plan, Speed((flat(),) * 3, LINK, crowding=c), 1, prefill=prefill)
+            for c in (crowding, ())
+        ]
+        return ms[0].collective_ms - ms[1].collective_ms
+
     assert {c.kind for c in work.collectives} <= {"all_sum", "all_gather"}  # 2 hops each
-    assert crowded.collective_ms == pytest.approx(
-        alone.collective_ms + alone.collectives * 2 * CROWDED_HOP_MS
+    count = sum(c.count for c in work.collectives)
+    moved = sum(  # a ring all_sum moves 2 (n - 1) / n of its bytes, a gather n - 1 times
+        c.count * c.nbytes(1) * (4 / 3 if c.kind == "all_sum" else 2) for c in work.collectives
     )
+    assert extra(work) == pytest.approx(
+        count * 2 * CROWDED_HOP_MS + CROWDED_MS_PER_MB * moved / 1e6
+    )
+    # a prefill chunk's activations: the bytes' turns outweigh the hops'
+    chunk = sum(c.count * c.nbytes(1440) * 4 / 3 for c in work.collectives if c.kind == "all_sum")
+    chunk += sum(c.count * c.nbytes(1) * 2 for c in work.collectives if c.kind == "all_gather")
+    assert extra(work, prefill=1440) == pytest.approx(
+        count * 2 * CROWDED_HOP_MS + CROWDED_MS_PER_MB * chunk / 1e6
+    )
+    assert CROWDED_MS_PER_MB * chunk / 1e6 > count * 2 * CROWDED_HOP_MS
+    alone = predict(work, Speed((flat(),) * 3, LINK), 1)
+    crowded = predict(work, Speed((flat(),) * 3, LINK, crowding=crowding), 1)
     assert crowded.compute_ms == pytest.approx(1.5 * alone.compute_ms)
     # measured at start, the rates already hold the sharing of the cores
-    shared = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3, rates_shared=True)
+    shared = Speed((flat(),) * 3, LINK, crowding=crowding, rates_shared=True)
     assert predict(work, shared, 1).compute_ms == pytest.approx(alone.compute_ms)
     # a pipeline: the plan's all_sum (2 hops) and three hand-overs (one each)
     pipe = plan_work(make_plan(SMOL, 3, None, "pipeline"), 4)
     kinds = sorted((c.kind, c.count) for c in pipe.collectives)
     assert kinds == [("all_sum", 1), ("send", 1), ("send", 2)]
-    staged = predict(pipe, Speed((flat(),) * 3, LINK), 1)
-    waited = predict(pipe, Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3), 1)
-    assert waited.collective_ms == pytest.approx(staged.collective_ms + 5 * CROWDED_HOP_MS)
-    # two ranks on a host of their own each: nobody waits
+    sent = sum(
+        c.count * c.nbytes(1) * (4 / 3 if c.kind == "all_sum" else 1) for c in pipe.collectives
+    )
+    assert extra(pipe) == pytest.approx(5 * CROWDED_HOP_MS + CROWDED_MS_PER_MB * sent / 1e6)
+    # ranks on hosts of their own: nobody waits
     apart = predict(work, Speed((flat(),) * 3, LINK, crowding=(0.5,) * 3), 1)
     assert apart.collective_ms == pytest.approx(alone.collective_ms)
 
