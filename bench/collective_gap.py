@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -90,21 +87,11 @@ def main() -> None:
         rank_main(args.rank_of, args.parallelism)
         return
     from bench.compiled_decode import DEFAULT_MODEL
-    from launcher.hostfile import random_free_port_run
+    from bench.local_ranks import run_local_ranks
 
     model = Path(args.model) if args.model else DEFAULT_MODEL
-    with tempfile.TemporaryDirectory() as tmp:
-        hostfile = Path(tmp) / "hosts.json"
-        first = random_free_port_run(args.ranks)
-        ports = range(first, first + args.ranks)
-        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
-        env = os.environ | {"MLX_HOSTFILE": str(hostfile), "OPENBLAS_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "bench.collective_gap", "--rank-of", str(model)]
-        command += ["--parallelism", args.parallelism]
-        ranks = [
-            subprocess.Popen(command, env=env | {"MLX_RANK": str(r)}) for r in range(args.ranks)
-        ]
-        codes = [rank.wait() for rank in ranks]
+    command = [sys.executable, "-m", "bench.collective_gap", "--rank-of", str(model)]
+    codes = run_local_ranks(args.ranks, command + ["--parallelism", args.parallelism])
     if any(codes):
         raise SystemExit(f"a rank failed: exit codes {codes}")
 

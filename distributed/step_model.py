@@ -47,9 +47,9 @@ FLOPS_SHARE = 0.5
 # under its stages' noisier rates: 4.7 ms a hop at 1 client over nine runs).
 CROWDED_HOP_MS = 3.4
 # And a large transfer between such ranks waits a turn again for about every 0.4 MB moved:
-# 3 ranks on 2 cores, an all_sum between a step's products, 20 a step, two runs: 0.02 /
-# 0.29 / 1.18 / 3.32 MB took 5.9-6.4 / 10.4-10.8 / 15.4-17.8 / 50-53 ms, 8.5 ms a MB moved
-# beyond the hops' turns and the loopback (docs/BENCHMARKS.md, "Figures behind the code").
+# 3 ranks on 2 cores, 20 all_sums a step between products, three runs (bench/
+# crowded_transfer.py): 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4 / 8.8-10.8 / 15.4-17.8 /
+# 50-53 ms, 8.5 ms a MB moved beyond the hops' turns and the loopback.
 CROWDED_MS_PER_MB = 8.5
 
 
