@@ -107,25 +107,41 @@ class Link:
     topology: str  # "ring" (MLX's ring backend over TCP) or "mesh" (jaccl, every pair cabled)
     source: str
 
-    def all_sum_ms(self, nbytes: float, ranks: int) -> float:
-        """One all_sum of `nbytes` among `ranks` ranks: the ring's 2 (R-1) / R of the bytes
-        cross each link."""
+    def traffic(self, kind: str, nbytes: float, ranks: int) -> tuple[int, float]:
+        """(hops, bytes each rank moves) of one collective: an all_sum of `nbytes` (the
+        ring's 2 (R-1) / R of them cross each link), a hand-over ("send") of `nbytes` to
+        the next stage, or an all_gather of every rank's `nbytes` to every rank."""
+        if kind == "send":
+            return 1, nbytes
         if ranks <= 1:
-            return 0.0
-        hops = ranks - 1 if self.topology == "ring" else 1
-        moved = 2 * (ranks - 1) / ranks * nbytes
+            return 0, 0.0
+        hops = collective_hops(self.topology, ranks)
+        if kind == "all_sum":
+            return hops, 2 * (ranks - 1) / ranks * nbytes
+        return hops, (ranks - 1) * nbytes
+
+    def ms(self, kind: str, nbytes: float, ranks: int) -> float:
+        """One collective's time: each hop's latency plus the bytes over the rate."""
+        hops, moved = self.traffic(kind, nbytes, ranks)
         return hops * self.latency_us / 1e3 + moved / (self.gb_s * 1e6)
+
+    def all_sum_ms(self, nbytes: float, ranks: int) -> float:
+        """One all_sum of `nbytes` among `ranks` ranks."""
+        return self.ms("all_sum", nbytes, ranks)
 
     def send_ms(self, nbytes: float) -> float:
         """One point-to-point hand-over of `nbytes` (a pipeline stage to the next)."""
-        return self.latency_us / 1e3 + nbytes / (self.gb_s * 1e6)
+        return self.ms("send", nbytes, 2)
 
     def all_gather_ms(self, nbytes_each: float, ranks: int) -> float:
         """Every rank's `nbytes_each` to every rank."""
-        if ranks <= 1:
-            return 0.0
-        hops = ranks - 1 if self.topology == "ring" else 1
-        return hops * self.latency_us / 1e3 + (ranks - 1) * nbytes_each / (self.gb_s * 1e6)
+        return self.ms("all_gather", nbytes_each, ranks)
+
+
+def collective_hops(topology: str, ranks: int) -> int:
+    """Latencies a collective among `ranks` pays in turn: every extra rank of a ring adds a
+    hop, a mesh (every pair cabled) has one."""
+    return ranks - 1 if topology == "ring" else 1
 
 
 LINKS: tuple[Link, ...] = (

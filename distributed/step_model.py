@@ -272,19 +272,11 @@ def predict(
         compute, overhead = max(computes), max(overheads)
     talk, count = 0.0, 0
     crowded = max(speed.crowding or (1.0,)) > 1.0
-    ring_hops = work.world - 1 if speed.link.topology == "ring" else 1
     for c in work.collectives:
         nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)
-        if c.kind == "all_sum":
-            each = speed.link.all_sum_ms(nbytes, work.world)
-            moved = 2 * (work.world - 1) / work.world * nbytes
-        elif c.kind == "send":
-            each, moved = speed.link.send_ms(nbytes), nbytes
-        else:
-            each = speed.link.all_gather_ms(nbytes, work.world)
-            moved = (work.world - 1) * nbytes
+        each = speed.link.ms(c.kind, nbytes, work.world)
         if crowded:
-            hops = 1 if c.kind == "send" else ring_hops
+            hops, moved = speed.link.traffic(c.kind, nbytes, work.world)
             each += CROWDED_HOP_MS * hops + CROWDED_MS_PER_MB * moved / 1e6
         talk += c.count * each
         count += c.count

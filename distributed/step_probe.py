@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from distributed.chips import Link, link_named, this_chip
+from distributed.chips import Link, collective_hops, link_named, this_chip
 from distributed.hosts import RankHost, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, known_chip, machine_record, per_host
@@ -256,7 +256,7 @@ class LinkTimes:
         """A fixed cost plus a cost per byte, fitted to the times."""
         slope, intercept = np.polyfit(np.array(self.sizes, dtype=float), np.array(self.times), 1)
         topology = "mesh" if backend == "jaccl" else "ring"
-        hops = ranks - 1 if topology == "ring" else 1
+        hops = collective_hops(topology, ranks)
         per_byte = max(float(slope), MIN_MS_PER_BYTE)  # noise can tilt the fit
         latency_ms = max(float(intercept), min(self.times) / 2)
         return Link(
