@@ -91,9 +91,7 @@ def main() -> None:
 
     model = Path(args.model) if args.model else DEFAULT_MODEL
     command = [sys.executable, "-m", "bench.collective_gap", "--rank-of", str(model)]
-    codes = run_local_ranks(args.ranks, command + ["--parallelism", args.parallelism])
-    if any(codes):
-        raise SystemExit(f"a rank failed: exit codes {codes}")
+    run_local_ranks(args.ranks, command + ["--parallelism", args.parallelism])
 
 
 if __name__ == "__main__":
