@@ -95,6 +95,13 @@ def test_a_failed_vote_drops_the_load_on_every_rank(tmp_path) -> None:
     assert tier.load_all([(5, 5)]) == [None]  # loaded here, failed on another rank
 
 
+def test_a_step_without_loads_holds_no_vote(tmp_path) -> None:
+    votes: list[list[int]] = []
+    tier = DiskTier.open(tmp_path, "layout", 0, lambda failed: votes.append(failed) or failed)
+    assert tier.load_all([]) == [] and votes == []  # every step's plan: no collective
+    assert tier.load_all([(6, 5)]) == [None] and votes == [[1]]
+
+
 def test_a_read_only_directory_turns_saves_off(tmp_path, caplog) -> None:
     (tmp_path / "layout").mkdir()
     (tmp_path / "layout" / "rank-0").write_text("not a directory")
