@@ -5,12 +5,13 @@ the model's prediction from the rates and link the ranks measure now.
 
     eval "$(.venv/bin/python -m launcher.command blas-env)"
     flock /tmp/mlxring-cpu.lock .venv/bin/python -m bench.collective_gap \
-        [--model DIR] [--ranks 2] [--parallelism tensor]
+        [--model DIR] [--ranks 2] [--parallelism tensor] [--prefill 512]
 
 Starts the ranks itself (MLX_HOSTFILE on 127.0.0.1, one OpenBLAS thread each, as launch.sh
 gives 2 ranks on 2 cores) rather than through mlx.launch, whose launcher busy-reads the
-ranks' stdin and takes a core. Rank 0 prints one line: the step with and without its
-collectives, and the prediction's compute, link and overhead.
+ranks' stdin and takes a core. Rank 0 prints a line for each of a decode step of 1 and of
+8 rows and a prefill (`--prefill` tokens): its time with and without its collectives, and
+the prediction's compute, link and overhead.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import time
 from pathlib import Path
 
 STEPS = 60
+PREFILLS = 5
 
 
-def rank_main(model_dir: Path, parallelism: str) -> None:
+def rank_main(model_dir: Path, parallelism: str, prefill: int) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -44,36 +46,46 @@ def rank_main(model_dir: Path, parallelism: str) -> None:
     model = load_rank_model(model_dir, group, plan)
     real = mx.distributed.all_sum
 
-    def step_ms(collectives: bool) -> float:
+    def forward_ms(collectives: bool, rows: int, prefill: int) -> float:
+        """The median ms of a decode step of `rows` rows (or a prefill of `prefill` tokens
+        into a fresh cache), every rank starting each together."""
         if not collectives:
             mx.distributed.all_sum = lambda x, group=None, stream=None: x  # type: ignore[assignment]
         try:
+            times: list[float] = []
             cache = make_prompt_cache(model)
-            mx.eval(model(mx.array([list(range(1, 65))]), cache=cache))
-            token, times = mx.array([[5]]), []
-            for _ in range(STEPS):
-                real(mx.array([1.0]), group=group).item()  # start each step together
+            if not prefill:  # a context of 64 positions a row
+                mx.eval(model(mx.array([list(range(1, 65))] * rows), cache=cache))
+            prompt = [[(7 * i) % 1000 + 1 for i in range(prefill)]]
+            for _ in range(PREFILLS if prefill else STEPS):
+                if prefill:
+                    cache = make_prompt_cache(model)
+                tokens = mx.array(prompt if prefill else [[5 + row] for row in range(rows)])
+                real(mx.array([1.0]), group=group).item()  # start each forward together
                 started = time.perf_counter()
-                mx.eval(model(token, cache=cache))
+                mx.eval(model(tokens, cache=cache))
                 times.append((time.perf_counter() - started) * 1e3)
             return statistics.median(times)
         finally:
             mx.distributed.all_sum = real
 
-    step_ms(True), step_ms(False)  # compile MLX's kernels, fill the caches
-    with_, without = step_ms(True), step_ms(False)
     act = activation_bytes(model_dir, config)
-    speed = measure_speed(group, ModelShape.from_config(config), act, gather_hosts(group), "ring")
     work = plan_work(plan, act, [float(t) for t, _ in kv_bytes(plan, act)])
-    p = predict(work, speed, 1, context=70)
+    cases = [("decode 1 row", 1, 0), ("decode 8 rows", 8, 0), (f"prefill {prefill}", 1, prefill)]
+    for _, rows, tokens in cases:  # compile MLX's kernels, fill the caches
+        forward_ms(True, rows, tokens), forward_ms(False, rows, tokens)
+    timed = [(forward_ms(True, r, t), forward_ms(False, r, t)) for _, r, t in cases]
+    speed = measure_speed(group, ModelShape.from_config(config), act, gather_hosts(group), "ring")
     if group.rank() == 0:
-        print(
-            f"{plan.strategy} over {group.size()} ranks: a step {with_:.1f} ms, "
-            f"{without:.1f} without its collectives; predicted {p.ms:.1f} = compute "
-            f"{p.compute_ms:.1f} + link {p.collective_ms:.1f} ({p.collectives} collectives at "
-            f"{speed.link.latency_us:.0f} us) + overhead {p.overhead_ms:.1f}",
-            flush=True,
-        )
+        print(f"{plan.strategy} over {group.size()} ranks, link {speed.link.latency_us:.0f} us:")
+        for (what, rows, tokens), (with_, without) in zip(cases, timed, strict=True):
+            p = predict(work, speed, rows, context=0 if tokens else 70, prefill=tokens)
+            print(
+                f"  {what}: {with_:.1f} ms, {without:.1f} without its collectives; predicted "
+                f"{p.ms:.1f} = compute {p.compute_ms:.1f} + link {p.collective_ms:.1f} "
+                f"({p.collectives} collectives) + overhead {p.overhead_ms:.1f}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -81,17 +93,21 @@ def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--parallelism", default="tensor")
+    parser.add_argument("--prefill", type=int, default=512, help="a prefill's tokens")
     parser.add_argument("--rank-of", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of is not None:
-        rank_main(args.rank_of, args.parallelism)
+        rank_main(args.rank_of, args.parallelism, args.prefill)
         return
     from bench.compiled_decode import DEFAULT_MODEL
     from bench.local_ranks import run_local_ranks
 
     model = Path(args.model) if args.model else DEFAULT_MODEL
     command = [sys.executable, "-m", "bench.collective_gap", "--rank-of", str(model)]
-    run_local_ranks(args.ranks, command + ["--parallelism", args.parallelism])
+    run_local_ranks(
+        args.ranks,
+        command + ["--parallelism", args.parallelism, "--prefill", str(args.prefill)],
+    )
 
 
 if __name__ == "__main__":

@@ -265,15 +265,17 @@ def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
 ) -> None:
     args = ["--model", str(tiny_llama), "--ranks", "2", "--parallelism", "tensor"]
     done = subprocess.run(
-        [sys.executable, "-m", "bench.collective_gap", *args],
+        [sys.executable, "-m", "bench.collective_gap", *args, "--prefill", "32"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    line = done.stdout.strip().splitlines()[-1]
-    assert line.startswith("tensor-") and "over 2 ranks" in line, line
-    assert "without its collectives" in line and "collectives at" in line, line
+    header, *lines = done.stdout.strip().splitlines()[-4:]
+    assert header.startswith("tensor-") and "over 2 ranks" in header, header
+    cases = [line.split(":")[0].strip() for line in lines]
+    assert cases == ["decode 1 row", "decode 8 rows", "prefill 32"], lines
+    assert all("without its collectives" in line and "overhead" in line for line in lines)
 
 
 def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) -> None:
