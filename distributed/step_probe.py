@@ -30,6 +30,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
+from mlx_lm.models.switch_layers import SwitchGLU
 
 from distributed.chips import Link, collective_hops, link_named, this_chip
 from distributed.hosts import RankHost, local_memory_bytes, usable_cores
@@ -165,24 +167,30 @@ def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
 
 
 def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
-    """Arithmetic a ms of routed experts' products over a prefill's tokens, as MLX runs
-    them (gather_mm over tokens sorted by expert, as mlx-lm's SwitchGLU does); 0 without
-    experts."""
+    """Arithmetic a ms of routed experts over a prefill's tokens, as the families run them:
+    mlx-lm's SwitchGLU (the tokens gathered and sorted by expert, three gather_mm, the
+    activation, the order restored), each expert given its share of PREFILL_ROWS tokens'
+    routes; 0 without experts. The three products alone read 27-29 GFLOP/s here, one core
+    or two, where the whole path ran at 18 on one core (a rank of the 2-rank expert split)
+    and 25-27 on two: with the products alone the split's prefill read +36%."""
     if not shape.num_experts or not shape.expert_size:
         return 0.0
     hidden, columns = shape.hidden_size, shape.expert_size
-    count = int(max(1, min(shape.num_experts, budget // (4 * hidden * columns))))
-    pairs = PREFILL_ROWS * max(1, shape.experts_per_token) * count // shape.num_experts
-    pairs = max(count, pairs - pairs % count)
-    w = mx.full((count, hidden, columns), 0.01, dtype=dtype)
-    x = mx.full((pairs, 1, hidden), 0.5, dtype=dtype)
-    index = mx.repeat(mx.arange(count, dtype=mx.uint32), pairs // count)
-    mx.eval(w, x, index)
+    count = int(max(1, min(shape.num_experts, budget // (3 * 4 * hidden * columns))))
+    routed = max(1, shape.experts_per_token)
+    picks = min(count, routed)
+    # each expert's rows: its share of PREFILL_ROWS tokens' routes
+    tokens = max(1, PREFILL_ROWS * routed * count // (shape.num_experts * picks))
+    experts = SwitchGLU(hidden, columns, count)
+    experts.update(tree_map(lambda w: mx.full(w.shape, 0.01, dtype=dtype), experts.parameters()))
+    x = mx.full((tokens, hidden), 0.5, dtype=dtype)
+    index = (mx.arange(tokens * picks, dtype=mx.uint32) % count).reshape(tokens, picks)
+    mx.eval(experts.parameters(), x, index)
 
     def run() -> None:
-        mx.eval(mx.gather_mm(x, w, rhs_indices=index, sorted_indices=True))
+        mx.eval(experts(x, index))
 
-    return 2 * pairs * hidden * columns / _median_ms(run, REPEATS)
+    return 2 * 3 * tokens * picks * hidden * columns / _median_ms(run, REPEATS)
 
 
 def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
