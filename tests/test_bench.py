@@ -278,6 +278,19 @@ def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
     assert all("without its collectives" in line and "overhead" in line for line in lines)
 
 
+def test_routing_sync_prices_an_evaluation_after_an_all_sum() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.routing_sync", "--ranks", "2", "--steps", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 4 and all(line.endswith("ms an evaluation") for line in lines), lines
+    assert [line.split(",")[1].strip() for line in lines] == ["1 row(s)"] * 2 + ["8 row(s)"] * 2
+
+
 def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) -> None:
     from distributed.chips import link_named
     from distributed.plan import make_plan
