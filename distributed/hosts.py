@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -33,6 +34,19 @@ def local_memory_bytes() -> int:
         if info.get(key):
             return int(info[key])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def largest_cache_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest CPU cache this machine reports (its last level, in bytes; Linux's sysfs),
+    0 where it reports none."""
+    sizes = [0]
+    for path in caches.glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes)
 
 
 def usable_cores() -> int:

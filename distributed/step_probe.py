@@ -1,9 +1,9 @@
 """Measure at start what the step-time model needs of the machines and the link under the
-ranks (distributed/step_model.py), in well under a second.
+ranks (distributed/step_model.py), in about a second (a few where a CPU's cache is large).
 
 - The machine: every rank multiplies rows of activations against weights shaped like one
   decoder layer of the model (its attention and MLP projections, in the model's float type
-  or quantization), repeated past the caches: bytes a rank reads per ms at 1, 2, 4, 8 and
+  or quantization), repeated past the caches (twice the largest): bytes a rank reads per ms at 1, 2, 4, 8 and
   16 rows (decode, speculation) and at PREFILL_ROWS (a prefill's arithmetic). The ranks
   probe at once, so ranks sharing a host's cores measure the rate they will get together.
 - The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
@@ -34,7 +34,7 @@ from mlx.utils import tree_map
 from mlx_lm.models.switch_layers import SwitchGLU
 
 from distributed.chips import Link, collective_hops, link_named, this_chip
-from distributed.hosts import RankHost, local_memory_bytes, usable_cores
+from distributed.hosts import RankHost, largest_cache_bytes, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, known_chip, machine_record, per_host
 from distributed.step_model import Machine, Speed
@@ -44,7 +44,11 @@ from distributed.step_work import bytes_per_param
 log = logging.getLogger("ring.plan")
 DECODE_ROWS = (1, 2, 4, 8, 16)
 PREFILL_ROWS = 128
-# Weights read per probe run: past a CPU's caches; on a GPU enough to hide the dispatch.
+# Weights read per probe run: past a CPU's caches (twice its largest, at least this, at most
+# 1 GiB); on a GPU enough to hide the dispatch. 96 MB alone fit the 260 MB last-level cache
+# of a Xeon host here, whose probe then read 34 GB/s at 1 row (21 past its cache) and
+# predicted the default model's one-rank steps (538 MB) 26% fast; the probe takes 4.9 s
+# there against 1.0.
 CPU_PROBE_BYTES = 96 * 2**20
 GPU_PROBE_BYTES = 512 * 2**20
 MIN_PROBE_BYTES = 2 * 2**20
@@ -196,7 +200,9 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
 def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     """Bytes a probe pass reads: the device's budget, or less for a model smaller than it
     (whose steps never read more: the tests' tiny models probe in milliseconds)."""
-    budget = GPU_PROBE_BYTES if mx.default_device() == mx.gpu else CPU_PROBE_BYTES
+    budget = GPU_PROBE_BYTES
+    if mx.default_device() != mx.gpu:
+        budget = min(max(CPU_PROBE_BYTES, 2 * largest_cache_bytes()), 2**30)
     per_param = bytes_per_param(shape, activation_bytes)
     layer = sum(rows * columns for rows, columns in _layer_shapes(shape))
     model = (layer * shape.num_layers + shape.vocab_size * shape.hidden_size) * per_param
@@ -221,11 +227,15 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     rates.append((PREFILL_ROWS, rate))
     params_per_byte = layers.params / layers.nbytes
     # the head as the rank runs it, one matrix the vocabulary's width (as far as the budget
-    # goes), timed past a quarter of it: four quarters read 25-43% slower at 8 rows than
-    # the whole (8.8 against 7.0 ms, 512 x 49152; 14.0 against 9.8, 576 x 49152)
+    # goes; four quarters read 25-43% slower at 8 rows than the whole: 8.8 against 7.0 ms,
+    # 512 x 49152; 14.0 against 9.8, 576 x 49152), in copies up to the budget (two at
+    # least) timed past the first: one copy alone (113 MB) sat in the Xeon host's 260 MB
+    # cache and read 39-42 GB/s at 1 row
     head_rows = max(4, min(shape.vocab_size, budget // (shape.hidden_size * 4)))
-    head_shapes = [(head_rows // 4, shape.hidden_size), (head_rows, shape.hidden_size)]
-    head = _Weights(head_shapes, shape, dtype, 1, head=True)
+    one_head = head_rows * shape.hidden_size * dtype.size
+    head = _Weights(
+        [(head_rows, shape.hidden_size)], shape, dtype, max(budget, 2 * one_head), head=True
+    )
     head_rates = [(rows, _slope(head, rows, 1)) for rows in DECODE_ROWS]
     attention_flops, kv_rate = _attention(shape, dtype)
     experts = _experts(shape, dtype, budget)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distributed.chips import Link, link_named
-from distributed.hosts import RankHost
+from distributed.hosts import RankHost, largest_cache_bytes
 from distributed.plan import make_plan
 from distributed.speed_records import crowding_of
 from distributed.step_model import CROWDED_HOP_MS, CROWDED_MS_PER_MB, Speed, predict
@@ -168,3 +168,13 @@ def test_each_size_keeps_its_cheaper_time_before_the_link_is_fitted() -> None:
         assert abs(alone.all_sum_ms(2**20, 2) - link.all_sum_ms(2**20, 2)) > 0.3 or (
             alone.latency_us > 1.5 * link.latency_us
         )
+
+
+def test_the_probe_reads_past_the_largest_cache_a_host_reports(tmp_path: Path) -> None:
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "266240K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    (tmp_path / "index4").mkdir()
+    (tmp_path / "index4" / "size").write_text("unknown\n")
+    assert largest_cache_bytes(tmp_path) == 260 * 2**20
+    assert largest_cache_bytes(tmp_path / "none") == 0  # a machine that reports none
