@@ -3,9 +3,10 @@ ranks (distributed/step_model.py), in about a second (a few where a CPU's cache 
 
 - The machine: every rank multiplies rows of activations against weights shaped like one
   decoder layer of the model (its attention and MLP projections, in the model's float type
-  or quantization), repeated past the caches (twice the largest): bytes a rank reads per ms at 1, 2, 4, 8 and
-  16 rows (decode, speculation) and at PREFILL_ROWS (a prefill's arithmetic). The ranks
-  probe at once, so ranks sharing a host's cores measure the rate they will get together.
+  or quantization), repeated past the caches (to twice the largest): bytes a rank reads
+  per ms at 1, 2, 4, 8 and 16 rows (decode, speculation) and at PREFILL_ROWS (a prefill's
+  arithmetic). The ranks probe at once, so ranks sharing a host's cores measure the rate
+  they will get together.
 - The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
   state of 1, 8, 16 and PREFILL_ROWS rows) before the machine's probe and again after it,
   and fit a fixed cost plus a cost per byte to each size's cheaper time (`LinkTimes`).
