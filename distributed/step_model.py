@@ -40,12 +40,13 @@ BANDWIDTH_SHARE = 0.8
 FLOPS_SHARE = 0.5
 # Measured here (docs/BENCHMARKS.md, "Figures behind the code"): where a host's ranks
 # outnumber its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's
-# one) waits this long for the scheduler to run the rank it needs, about one tick of the
-# kernel's 250 Hz clock: 3.0-3.8 ms a hop, 3.4 on average, over six runs of 3 ranks of a
-# tensor split on 2 cores at 1 and 8 clients (126 hops a step), the loopback's own cost
-# taken from its table. A pipeline's hand-overs wait alike (its few hops were hidden
-# under its stages' noisier rates: 4.7 ms a hop at 1 client over nine runs).
-CROWDED_HOP_MS = 3.4
+# one) waits for the scheduler to run the rank it needs: 1.55-2.15 ms a hop, 1.9 on average,
+# over six runs of 3 ranks of a tensor split on 2 cores at 1 and 8 clients (126 hops a
+# step; a Xeon host, 2026-11-27), the loopback's own cost taken from its table. It had read
+# 3.0-3.8 while every guard of a collective woke the watchdog's thread and every step held
+# an empty vote of the prefix cache's disk tier (both gone: distributed/watchdog.py,
+# engine/prefix_disk.py). A pipeline's hand-overs wait alike.
+CROWDED_HOP_MS = 1.9
 # And a large transfer between such ranks waits a turn again for about every 0.4 MB moved:
 # 3 ranks on 2 cores, 20 all_sums a step between products, three runs (bench/
 # crowded_transfer.py): 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4 / 8.8-10.8 / 15.4-17.8 /
