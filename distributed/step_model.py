@@ -42,10 +42,11 @@ FLOPS_SHARE = 0.5
 # outnumber its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's
 # one) waits for the scheduler to run the rank it needs: 1.55-2.15 ms a hop, 1.9 on average,
 # over six runs of 3 ranks of a tensor split on 2 cores at 1 and 8 clients (126 hops a
-# step; a Xeon host, 2026-11-27), the loopback's own cost taken from its table. It had read
-# 3.0-3.8 while every guard of a collective woke the watchdog's thread and every step held
-# an empty vote of the prefix cache's disk tier (both gone: distributed/watchdog.py,
-# engine/prefix_disk.py). A pipeline's hand-overs wait alike.
+# step; a Xeon host, 2026-11-27), the loopback's own cost taken from its table. On the same
+# host 2.0-2.6 (three runs) while every guard of a collective woke the watchdog's thread
+# and every step held an empty vote of the prefix cache's disk tier (both gone:
+# distributed/watchdog.py, engine/prefix_disk.py); 3.0-3.8 on the AMD EPYC host where it
+# was first fitted, with both. A pipeline's hand-overs wait alike.
 CROWDED_HOP_MS = 1.9
 # And a large transfer between such ranks waits a turn again for about every 0.4 MB moved:
 # 3 ranks on 2 cores, 20 all_sums a step between products, three runs (bench/
