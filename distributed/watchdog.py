@@ -26,11 +26,11 @@ WATCH_PERIOD_S = 0.5  # how often the watcher looks (at most a tenth of the time
 
 class CollectiveWatchdog:
     """One per process. `guard` is two attribute writes and wakes nobody: an expert split
-    guards every MoE layer's routing, and a guard that notified the watcher (a lock and a
-    notify, 26 us alone) cost the 2-rank split's steps several ms each, the woken watcher
-    taking the GIL in turns with the main thread while both cores were busy (py-spy: 18%
-    of rank 0's samples in `Condition.notify`). The watcher looks every `period_s`
-    instead, so a hang is caught at most that much after the deadline."""
+    guards every MoE layer's routing, and with a guard that notified the watcher (a lock
+    and a notify, 26 us alone) the woken watcher took the GIL in turns with the main
+    thread while both cores were busy (py-spy, the 2-rank split at 1 client: 18% of rank
+    0's samples in `Condition.notify`). The watcher looks every `period_s` instead, so a
+    hang is caught at most that much after the deadline."""
 
     def __init__(self, timeout_s: float, exit_code: int = EXIT_COLLECTIVE_TIMEOUT) -> None:
         self.timeout_s = timeout_s
