@@ -177,7 +177,7 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
     activation, the order restored), each expert given its share of PREFILL_ROWS tokens'
     routes; 0 without experts. The three products alone read 27-29 GFLOP/s here, one core
     or two, where the whole path ran at 18 on one core (a rank of the 2-rank expert split)
-    and 25-27 on two: with the products alone the split's prefill read +36%."""
+    and 25-27 on two: with the products alone the split's prefill read +28% to +42%."""
     if not shape.num_experts or not shape.expert_size:
         return 0.0
     hidden, columns = shape.hidden_size, shape.expert_size
