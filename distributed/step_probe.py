@@ -48,12 +48,17 @@ PREFILL_ROWS = 128
 # Weights read per probe run: past a CPU's caches (twice its largest, at least this, at most
 # 1 GiB); on a GPU enough to hide the dispatch. 96 MB alone fit the 260 MB last-level cache
 # of a Xeon host here, whose probe then read 34 GB/s at 1 row (21 past its cache) and
-# predicted the default model's one-rank steps (538 MB) 26% fast; the probe takes 4.9 s
+# predicted the default model's one-rank steps (538 MB) 26% fast; the probe takes 3.4 s
 # there against 1.0.
 CPU_PROBE_BYTES = 96 * 2**20
 GPU_PROBE_BYTES = 512 * 2**20
 MIN_PROBE_BYTES = 2 * 2**20
 REPEATS = 5
+# A pass this long is timed three times, not REPEATS, and without the shorter pass that
+# takes an evaluation's fixed cost (0.1-0.5 ms here) off: past a 260 MB cache the probe
+# took 4.9 s with both (3.4 without), twice a start: a 2-rank start took 43 s against 30
+# with 96 MB (33 without)
+LONG_PASS_MS = 20.0
 ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
 ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
 LINK_REPEATS = 12
@@ -119,24 +124,30 @@ class _Weights:
         def run() -> None:
             mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
 
-        return _median_ms(run, repeats)
+        return _median_ms(run, repeats, enough_ms=3 * LONG_PASS_MS)
 
 
-def _median_ms(run: Any, repeats: int) -> float:
+def _median_ms(run: Any, repeats: int, enough_ms: float = 0.0) -> float:
+    """The median of `repeats` timed runs after one untimed; three do where they took
+    `enough_ms` together (never for a collective: every rank must run it alike)."""
     run()
-    times = []
+    times: list[float] = []
     for _ in range(repeats):
         started = time.perf_counter()
         run()
         times.append((time.perf_counter() - started) * 1e3)
+        if enough_ms and len(times) >= 3 and sum(times) >= enough_ms:
+            break
     return statistics.median(times)
 
 
 def _slope(full: _Weights, rows: int, part: int) -> float:
     """Bytes a ms: the difference of a pass through every weight and one through the
     first `part` (what each evaluation costs whatever its weights, the overhead's, drops
-    out)."""
+    out); a pass of LONG_PASS_MS or more alone (that cost is then a few percent at most)."""
     whole = full.ms(rows, REPEATS)
+    if whole >= LONG_PASS_MS:
+        return full.nbytes / whole
     some = full.ms(rows, REPEATS, part)
     partial = sum(_nbytes(w) for w, _ in full.items[:part])
     share = (full.nbytes - partial) / full.nbytes
