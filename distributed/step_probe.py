@@ -55,7 +55,8 @@ GPU_PROBE_BYTES = 512 * 2**20
 MIN_PROBE_BYTES = 2 * 2**20
 REPEATS = 5
 # A pass this long is timed three times, not REPEATS, and without the shorter pass that
-# takes an evaluation's fixed cost (0.1-0.5 ms here) off: past a 260 MB cache the probe
+# takes an evaluation's fixed cost off (0.2 ms here for a layer's seven products, small
+# ones included, 1% of such a pass): past a 260 MB cache the probe
 # took 4.9 s with both (3.4 without), twice a start: a 2-rank start took 43 s against 30
 # with 96 MB (33 without)
 LONG_PASS_MS = 20.0
@@ -144,7 +145,7 @@ def _median_ms(run: Any, repeats: int, enough_ms: float = 0.0) -> float:
 def _slope(full: _Weights, rows: int, part: int) -> float:
     """Bytes a ms: the difference of a pass through every weight and one through the
     first `part` (what each evaluation costs whatever its weights, the overhead's, drops
-    out); a pass of LONG_PASS_MS or more alone (that cost is then a few percent at most)."""
+    out); a pass of LONG_PASS_MS or more alone (that cost is then 1% of it or less)."""
     whole = full.ms(rows, REPEATS)
     if whole >= LONG_PASS_MS:
         return full.nbytes / whole
