@@ -56,9 +56,8 @@ MIN_PROBE_BYTES = 2 * 2**20
 REPEATS = 5
 # A pass this long is timed three times, not REPEATS, and without the shorter pass that
 # takes an evaluation's fixed cost off (0.2 ms here for a layer's seven products, small
-# ones included, 1% of such a pass): past a 260 MB cache the probe
-# took 4.9 s with both (3.4 without), twice a start: a 2-rank start took 43 s against 30
-# with 96 MB (33 without)
+# ones included: 1% of such a pass). Past a 260 MB cache the probe took 4.9 s with both
+# (3.4 without), twice a start: a 2-rank start took 43 s against 30 with 96 MB (33 now).
 LONG_PASS_MS = 20.0
 ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
 ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
