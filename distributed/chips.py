@@ -129,14 +129,6 @@ class Link:
         """One all_sum of `nbytes` among `ranks` ranks."""
         return self.ms("all_sum", nbytes, ranks)
 
-    def send_ms(self, nbytes: float) -> float:
-        """One point-to-point hand-over of `nbytes` (a pipeline stage to the next)."""
-        return self.ms("send", nbytes, 2)
-
-    def all_gather_ms(self, nbytes_each: float, ranks: int) -> float:
-        """Every rank's `nbytes_each` to every rank."""
-        return self.ms("all_gather", nbytes_each, ranks)
-
 
 def collective_hops(topology: str, ranks: int) -> int:
     """Latencies a collective among `ranks` pays in turn: every extra rank of a ring adds a
