@@ -223,8 +223,8 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     # the head as the rank runs it, one matrix the vocabulary's width (as far as the budget
     # goes; four quarters read 25-43% slower at 8 rows than the whole: 8.8 against 7.0 ms,
     # 512 x 49152; 14.0 against 9.8, 576 x 49152), in copies up to the budget (two at
-    # least) timed past the first: one copy alone (113 MB) sat in the Xeon host's 260 MB
-    # cache and read 39-42 GB/s at 1 row
+    # least; a short pass timed past the first, as `_slope` does): one copy alone (113 MB)
+    # sat in the Xeon host's 260 MB cache and read 39-42 GB/s at 1 row
     head_rows = max(4, min(shape.vocab_size, budget // (shape.hidden_size * 4)))
     one_head = head_rows * shape.hidden_size * dtype.size
     head = _Weights(
