@@ -239,7 +239,8 @@ class Peer:
 
     quiet_launcher: the ranks' stdin is /dev/null and one byte goes to mlx.launch's stdin
     once they run, so mlx.launch stops its relay busy loop (the trick launch.sh uses for
-    ours; see DESIGN.md). Without it, the peer runs as a user would start it."""
+    ours; see DESIGN.md). Without it, the peer runs as a user would start it. pipeline:
+    above 1 rank, `--pipeline` (layers split over the ranks, not heads)."""
 
     def __init__(
         self,
@@ -249,10 +250,13 @@ class Peer:
         workdir: Path,
         quiet_launcher: bool = False,
         few_rows: bool = False,
+        pipeline: bool = False,
     ) -> None:
         self.quiet = quiet_launcher and ranks > 1
         self.name = "mlx_lm.server" + (" (quiet launcher)" if self.quiet else "")
         self.name += " (our few-row sgemm)" if few_rows else ""
+        self.pipeline = pipeline and ranks > 1
+        self.name += " (pipeline)" if self.pipeline else ""
         self.ranks = ranks
         self.port = free_port()
         # the BLAS and threads per rank that launch.sh gives our local ranks (a fair field);
@@ -260,13 +264,14 @@ class Peer:
         self.env = env | cpu_layer.preload(env, few_rows) | cpu_layer.threads(ranks, env)
         self.model_dir = model_dir
         variant = ("-quiet" if self.quiet else "") + ("-rows" if few_rows else "")
+        variant += "-pipeline" if self.pipeline else ""
         self.log_path = workdir / f"peer-{ranks}{variant}-{model_dir.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.endpoint = Endpoint(f"http://127.0.0.1:{self.port}", "default_model")
 
     def command(self) -> list[str]:
         server = ["-m", "mlx_lm", "server", "--model", str(self.model_dir)]
-        server += ["--port", str(self.port)]
+        server += ["--port", str(self.port)] + (["--pipeline"] if self.pipeline else [])
         if self.ranks == 1:
             return [str(PY), *server]
         # quiet: each rank's stdin is /dev/null, so mlx.launch can stop relaying it

@@ -1,5 +1,5 @@
-"""bench/: statistics, stream parsing, ratio verdicts, the even-head variant, and the load
-generator against a real mlx_lm.server (tiny model, one rank)."""
+"""bench/: statistics, stream parsing, ratio verdicts, the even-head and pipeline variants,
+and the load generator against a real mlx_lm.server (tiny model, one rank)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from bench.even_model import make_even_variant
 from bench.loadgen import _read_event, run_conversation, run_load
 from bench.moe_model import make_moe_model, peer_cannot_split
+from bench.pipeline_model import make_pipeline_variant
 from bench.prompts import essay_prompt, long_prompt
 from bench.report import ratio_rows
 from bench.servers import Peer
@@ -187,6 +188,24 @@ def test_even_variant(tiny_model: Path, tmp_path: Path) -> None:
     model, _ = load(str(out))
     logits = model(mx.array([[1, 2, 3]]))
     assert logits.shape[-1] == config["vocab_size"]
+
+
+def test_pipeline_variant_computes_what_the_llama_it_copies_does(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from mlx_lm import load
+
+    out = make_pipeline_variant(tiny_model, tmp_path / "qwen2")
+    original, _ = load(str(tiny_model))
+    copy, _ = load(str(out))
+    assert hasattr(copy.model, "pipeline")  # mlx_lm.server --pipeline can split it
+    tokens = mx.array([[1, 2, 3, 40, 41, 42, 7]])
+    assert mx.array_equal(original(tokens), copy(tokens)).item()
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "model.layers.1.self_attn.v_proj.bias" in index
+    assert set(index) == set(mx.load(str(out / "model.safetensors")))
+    with pytest.raises(ValueError, match="'qwen2' model; this copies llama"):
+        make_pipeline_variant(out, tmp_path / "again")
 
 
 def test_moe_model_loads_splits_by_expert_and_names_where_the_peer_cannot(
