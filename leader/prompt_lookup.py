@@ -40,7 +40,18 @@ class PromptLookup:
         return self._tokens[: self.size].tolist()
 
     def extend(self, tokens: list[int]) -> None:
-        """Append the row's new tokens; the followed match moves on while they agree."""
+        """Append the row's new tokens; the followed match moves on while they agree. They
+        are stored first: a match whose continuation reaches the row's latest tokens (an
+        answer repeating itself) moves into the tokens this call appends when a step
+        accepted several (before, it read past the history: a stale 0, or an IndexError
+        that stopped rank 0 when the history filled its array)."""
+        start, end = self.size, self.size + len(tokens)
+        if end > len(self._tokens):
+            grown = np.zeros(max(end, 2 * len(self._tokens)), dtype=np.int64)
+            grown[:start] = self._tokens[:start]
+            self._tokens = grown
+        self._tokens[start:end] = tokens
+        self.size = end
         for token in tokens:
             if self.cursor is None:
                 break
@@ -49,13 +60,6 @@ class PromptLookup:
                 self.run += 1
             else:
                 self.cursor, self.run = None, 0
-        end = self.size + len(tokens)
-        if end > len(self._tokens):
-            grown = np.zeros(max(end, 2 * len(self._tokens)), dtype=np.int64)
-            grown[: self.size] = self._tokens[: self.size]
-            self._tokens = grown
-        self._tokens[self.size : end] = tokens
-        self.size = end
 
     def propose(self, limit: int) -> list[int]:
         """Up to `limit` tokens: the followed match's continuation, else the continuation

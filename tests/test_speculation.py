@@ -112,6 +112,25 @@ def test_prompt_lookup_follows_its_match_past_common_repeats():
     assert index.propose(3) == [] and index.run == 0
 
 
+@pytest.mark.parametrize("before", [500, 1020, 1022])  # 1024: the history's first array
+def test_prompt_lookup_follows_an_answer_repeating_itself_into_its_new_tokens(before):
+    """An answer looping on a short cycle follows a match whose continuation is its own
+    latest tokens; a step that accepts several moves the match into the tokens it adds,
+    across the history's growth too (rank 0 once stopped there with an IndexError)."""
+    cycle = [7, 8, 9]
+    index = PromptLookup()
+    index.extend([1, 2] + [cycle[i % 3] for i in range(before)])
+    proposal = index.propose(8)
+    assert proposal and proposal == [cycle[(before + i) % 3] for i in range(len(proposal))]
+    run = index.run
+    accepted = [cycle[(before + i) % 3] for i in range(6)]
+    index.extend(accepted)  # the match walks past the history as it was before this call
+    assert index.cursor is not None and index.run == run + 6
+    assert index.propose(3) == [cycle[(before + 6 + i) % 3] for i in range(3)]
+    index.extend([42])  # off the cycle: searched anew
+    assert index.run == 0
+
+
 def test_greedy_and_seeded_answers_are_the_same_with_speculation(tiny):
     submits = [
         request("loop", "abcabcabc"),
