@@ -5,11 +5,11 @@ against mlx_lm.server as shipped and given our kernels, at 1 and 2 ranks.
 
 For each rank count, servers on the same model, one after another: ours with
 SPECULATIVE=auto, ours with SPECULATIVE=off, mlx_lm.server as shipped (`peer`) and with our
-few-row sgemm (`peer-rows`: the engine's ratio). Above 1 rank every server serves the default
-model as qwen2 (bench/pipeline_model.py: the same function), which the peer splits by layers
-(`--pipeline`): it cannot split the default model's 9 heads over 2 ranks, and the even-head
-variant it could split answers gibberish, which copies nothing; ours splits it as its plan
-picks (PARALLELISM=auto). Each workload is one greedy request, alone:
+few-row sgemm (`peer-rows`: the engine's ratio). Above 1 rank the peer cannot split the
+default model's 9 heads, and the even-head variant it could split answers gibberish, which
+copies nothing: it serves the default model as ministral3 (bench/pipeline_model.py: the same
+weights, tokens and logits) split by layers (`--pipeline`), and ours the model as it is,
+split as its plan picks (PARALLELISM=auto). Each workload is one greedy request, alone:
 decode tokens/s from its streamed chunks (first to last), as a client sees it.
 
 With speculation on, each workload runs once more over rank 0's socket, whose Deltas say
@@ -113,8 +113,9 @@ def copy_share(socket: Path, setup: RequestSetup) -> dict[str, dict[str, Any]]:
 def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: Path) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="bench-spec-edits-"))
     setup = RequestSetup(load_tokenizer(model), None)
+    peer_model = model
     if ranks > 1:  # a model the peer can split: by layers, answering as the default does
-        model = make_pipeline_variant(model, args.cache_dir / f"qwen2-{model.name}")
+        peer_model = make_pipeline_variant(model, args.cache_dir / f"ministral3-{model.name}")
     servers: dict[str, Ours | Peer] = {
         "on": Ours(
             ranks,
@@ -125,8 +126,8 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
         "off": Ours(ranks, env | {"SPECULATIVE": "off"}, model, workdir),
     }
     pipeline = ranks > 1
-    servers["peer"] = Peer(ranks, env, model, workdir, True, False, pipeline)  # as shipped
-    servers["peer-rows"] = Peer(ranks, env, model, workdir, True, True, pipeline)  # engine
+    servers["peer"] = Peer(ranks, env, peer_model, workdir, True, False, pipeline)  # as shipped
+    servers["peer-rows"] = Peer(ranks, env, peer_model, workdir, True, True, pipeline)  # engine
     results: dict[str, Any] = {}
     for name, server in servers.items():
         wait_quiet(args.max_load, args.load_patience)

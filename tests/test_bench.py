@@ -195,16 +195,17 @@ def test_pipeline_variant_computes_what_the_llama_it_copies_does(
 ) -> None:
     from mlx_lm import load
 
-    out = make_pipeline_variant(tiny_model, tmp_path / "qwen2")
-    original, _ = load(str(tiny_model))
-    copy, _ = load(str(out))
+    out = make_pipeline_variant(tiny_model, tmp_path / "ministral3")
+    original, tokenizer = load(str(tiny_model))
+    copy, copy_tokenizer = load(str(out))
     assert hasattr(copy.model, "pipeline")  # mlx_lm.server --pipeline can split it
+    text = "def f(x):\n    return  x+1  # 12345 \t done"
+    assert copy_tokenizer.encode(text) == tokenizer.encode(text)
     tokens = mx.array([[1, 2, 3, 40, 41, 42, 7]])
     assert mx.array_equal(original(tokens), copy(tokens)).item()
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    assert "model.layers.1.self_attn.v_proj.bias" in index
     assert set(index) == set(mx.load(str(out / "model.safetensors")))
-    with pytest.raises(ValueError, match="'qwen2' model; this copies llama"):
+    with pytest.raises(ValueError, match="'ministral3' model; this copies llama"):
         make_pipeline_variant(out, tmp_path / "again")
 
 
