@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
-import mlx.core as mx
+from bench.even_model import write_model_dir
 
 
 def make_pipeline_variant(src: Path, dst: Path) -> Path:
@@ -46,21 +45,7 @@ def make_pipeline_variant(src: Path, dst: Path) -> Path:
             "original_max_position_embeddings": context,
         },
     }
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    names: dict[str, str] = {}
-    for file in sorted(src.iterdir()):
-        if file.suffix == ".safetensors":
-            names |= dict.fromkeys(mx.load(str(file)), file.name)
-        if file.is_file() and file.name != "config.json":
-            shutil.copy2(file, tmp / file.name)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    # mlx-lm's sharded_load reads which file holds each weight from the index
-    index = {"metadata": {}, "weight_map": dict(sorted(names.items()))}
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    tmp.rename(dst)
-    return dst
+    return write_model_dir(src, dst, config)
 
 
 def main() -> int:
