@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
+
+from bench.model_dir import write_model_dir
 
 
 def make_even_variant(src: Path, dst: Path, kv_heads: int = 2) -> Path:
@@ -61,34 +62,6 @@ def make_even_variant(src: Path, dst: Path, kv_heads: int = 2) -> Path:
         "head_dim": head_dim,
     }
     return write_model_dir(src, dst, config, weights)
-
-
-def write_model_dir(
-    src: Path, dst: Path, config: dict, weights: dict[str, mx.array] | None = None
-) -> Path:
-    """`src`'s files at `dst` with `config` and, where given, `weights` (one file in place
-    of src's), with the index of which file holds each weight that mlx-lm's sharded_load
-    reads; written beside `dst` and renamed into place."""
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    names: dict[str, str] = {}
-    if weights is not None:
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
-        names = dict.fromkeys(weights, "model.safetensors")
-    for file in sorted(src.iterdir()):
-        if not file.is_file() or file.name == "config.json":
-            continue
-        if file.suffix == ".safetensors":
-            if weights is not None:
-                continue
-            names |= dict.fromkeys(mx.load(str(file)), file.name)
-        shutil.copy2(file, tmp / file.name)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    index = {"metadata": {}, "weight_map": dict(sorted(names.items()))}
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    tmp.rename(dst)
-    return dst
 
 
 def main() -> int:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import qwen3_moe
+
+from bench.model_dir import write_model_dir
 
 SHAPE = {
     "model_type": "qwen3_moe",
@@ -84,17 +85,8 @@ def make_moe_model(
         params.append((name, noise.astype(mx.float32)))
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, tmp / name)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tmp.rename(dst)
-    return dst
+    return write_model_dir(tokenizer_dir, dst, config, weights, TOKENIZER_FILES)
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.even_model import write_model_dir
+from bench.model_dir import write_model_dir
 
 
 def make_pipeline_variant(src: Path, dst: Path) -> Path:
