@@ -43,8 +43,15 @@ REPEATS = 5
 # ones included: 1% of such a pass). Past a 260 MB cache the probe took 4.9 s with both
 # (3.4 without), twice a start: a 2-rank start took 43 s against 30 with 96 MB (33 now).
 LONG_PASS_MS = 20.0
-ATTENTION_CHUNK = 128  # query rows of the prefill's attention probe
-ATTENTION_CONTEXT = 512  # and its keys; a decode probe reads 4x as many per row
+# The prefill's attention probe: a causal chunk of this many rows against itself, as a
+# prompt's first chunk runs (the CPU kernel takes it in blocks of rows, each against the
+# keys up to its last row, and masks the rest). Counted as the step-time model counts it,
+# half the square. On the Xeon host, 9 / 3 heads of 64: 512 rows read 19-21 GFLOP/s so
+# counted, 1,024 / 1,440 / 2,048 rows 20 / 18-19 / 20, 256 rows after 2,048 cached 18;
+# the 128 rows against 512 unmasked keys probed before read 33, which made a 1,440-token
+# prefill's attention 71 ms a layer where it took 125 (the dense prefills' +6% to +32%).
+ATTENTION_CHUNK = 512
+DECODE_CONTEXT = 2048  # keys a decode probe's rows read
 
 
 def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
@@ -143,22 +150,23 @@ def _nbytes(w: Any) -> int:
 
 
 def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
-    """(attention's arithmetic a ms over a prefill chunk, KV bytes a decode step reads a
-    ms), through mx.fast.scaled_dot_product_attention as the ranks run it (the CPU
+    """(attention's arithmetic a ms over a causal prefill chunk, KV bytes a decode step
+    reads a ms), through mx.fast.scaled_dot_product_attention as the ranks run it (the CPU
     backend's grouped kernel where server.py installed it)."""
     heads, kv_heads, dim = shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
     scale = dim**-0.5
 
-    def run(q: mx.array, k: mx.array) -> Any:
-        return lambda: mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=scale))
+    def run(q: mx.array, k: mx.array, mask: str | None = None) -> Any:
+        attend = mx.fast.scaled_dot_product_attention
+        return lambda: mx.eval(attend(q, k, k, scale=scale, mask=mask))
 
     q = mx.full((1, heads, ATTENTION_CHUNK, dim), 0.1, dtype=dtype)
-    k = mx.full((1, kv_heads, ATTENTION_CONTEXT, dim), 0.1, dtype=dtype)
+    k = mx.full((1, kv_heads, ATTENTION_CHUNK, dim), 0.1, dtype=dtype)
     mx.eval(q, k)
-    flops = 4 * heads * dim * ATTENTION_CHUNK * ATTENTION_CONTEXT
-    prefill = flops / median_ms(run(q, k), REPEATS)
+    flops = 4 * heads * dim * ATTENTION_CHUNK * ATTENTION_CHUNK / 2
+    prefill = flops / median_ms(run(q, k, "causal"), REPEATS)
     q = mx.full((8, heads, 1, dim), 0.1, dtype=dtype)
-    k = mx.full((8, kv_heads, 4 * ATTENTION_CONTEXT, dim), 0.1, dtype=dtype)
+    k = mx.full((8, kv_heads, DECODE_CONTEXT, dim), 0.1, dtype=dtype)
     mx.eval(q, k)
     decode = 2 * k.nbytes / median_ms(run(q, k), REPEATS)
     return prefill, decode
@@ -231,7 +239,13 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
         [(head_rows, shape.hidden_size)], shape, dtype, max(budget, 2 * one_head), head=True
     )
     head_rates = [(rows, _slope(head, rows, 1)) for rows in DECODE_ROWS]
+    # freed buffers of other sizes held in MLX's cache slowed the probes after the
+    # products (the Xeon host): attention 12.5-13 GFLOP/s, 19-21 with the cache emptied
+    # first; the bench's MoE experts 19-21 against 25-26 (28-29 probed alone); a prefill's
+    # layers reuse their own sizes
+    mx.clear_cache()
     attention_flops, kv_rate = _attention(shape, dtype)
+    mx.clear_cache()
     experts = _experts(shape, dtype, budget)
     mx.clear_cache()
     chip = this_chip()
