@@ -4,7 +4,8 @@ against weights shaped like one decoder layer of the model (its attention and ML
 projections, in the model's float type or quantization), repeated past the caches (to
 twice the largest): bytes a rank reads per ms at 1, 2, 4, 8 and 16 rows (decode,
 speculation) and at PREFILL_ROWS (a prefill's arithmetic); the output head as the rank
-runs it; attention's arithmetic and KV reads; routed experts as the families run them.
+runs it; attention's arithmetic and KV reads; routed experts as the families run them; on
+a CPU, a prefill row's work in a layer beside those (norms, heads, the MLP's activation).
 The ranks probe at once (distributed/step_probe.py), so ranks sharing a host's cores
 measure the rate they will get together.
 """
@@ -52,6 +53,7 @@ LONG_PASS_MS = 20.0
 # prefill's attention 71 ms a layer where it took 125 (the dense prefills' +6% to +32%).
 ATTENTION_CHUNK = 512
 DECODE_CONTEXT = 2048  # keys a decode probe's rows read
+ROW_ELEMENTS = 2**20  # the row work's probe: rows of its widest vector, up to this many
 
 
 def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
@@ -199,6 +201,49 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
     return 2 * 3 * tokens * picks * hidden * columns / median_ms(run, REPEATS)
 
 
+def _row_work(shape: ModelShape, dtype: mx.Dtype) -> float:
+    """Ms a row and layer of a prefill's work beside its products and attention: the two
+    norms and residual sums over the hidden size, the queries, keys and values into heads
+    with their rotation, and the dense MLP's activation over its columns (a MoE layer's
+    routed experts' is in their probe; its shared experts' is counted), on ROW_ELEMENTS'
+    worth of rows (at most ATTENTION_CHUNK). The default model's layer on 128 to 1,440
+    rows, less its products at the probe's rate and its attention timed alone, left
+    0.037-0.041 ms a row here; this work takes 0.037 (the activation 0.030 of it); the
+    bench's MoE model's 0.0075, where its prefill left 0.004-0.014."""
+    hidden, heads, kv_heads, dim = (
+        shape.hidden_size, shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
+    )  # fmt: skip
+    layers = max(1, shape.num_layers)
+    dense = shape.dense_layer_count if shape.is_moe else layers
+    mlp = (dense * shape.intermediate_size + shape.moe_layers * shape.shared_size) // layers
+    widest = max(hidden, heads * dim, mlp)
+    rows = max(1, min(ATTENTION_CHUNK, ROW_ELEMENTS // widest))
+    x = mx.full((1, rows, hidden), 0.5, dtype=dtype)
+    norm = mx.ones((hidden,), dtype=dtype)
+    q = mx.full((1, rows, heads * dim), 0.1, dtype=dtype)
+    kv = mx.full((1, rows, kv_heads * dim), 0.1, dtype=dtype)
+    gate, up = (mx.full((1, rows, max(1, mlp)), 0.1, dtype=dtype) for _ in range(2))
+    mx.eval(x, norm, q, kv, gate, up)
+
+    def into_heads(a: mx.array, count: int, rotate: bool) -> mx.array:
+        a = a.reshape(1, rows, count, dim).transpose(0, 2, 1, 3)
+        if not rotate:
+            return a
+        return mx.fast.rope(a, dim, traditional=False, base=10000.0, scale=1.0, offset=0)
+
+    def run() -> None:
+        h = mx.fast.rms_norm(x, norm, 1e-5) + x
+        out = [h, mx.fast.rms_norm(h, norm, 1e-5) + h]
+        queries = into_heads(q, heads, True)
+        out += [queries.transpose(0, 2, 1, 3).reshape(1, rows, -1)]
+        out += [into_heads(kv, kv_heads, True), into_heads(kv, kv_heads, False)]
+        if mlp:
+            out.append(gate * mx.sigmoid(gate) * up)
+        mx.eval(out)
+
+    return median_ms(run, REPEATS, enough_ms=3 * LONG_PASS_MS) / rows
+
+
 def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     """Bytes a probe pass reads: the device's budget, or less for a model smaller than it
     (whose steps never read more: the tests' tiny models probe in milliseconds)."""
@@ -248,6 +293,8 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     mx.clear_cache()
     experts = _experts(shape, dtype, budget)
     mx.clear_cache()
+    row_work = 0.0 if gpu else _row_work(shape, dtype)
+    mx.clear_cache()
     chip = this_chip()
     return Machine(
         name=name or (f"{chip} (measured)" if chip else "this machine (measured)"),
@@ -259,6 +306,7 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
         attention_flops_per_ms=attention_flops,
         kv_bytes_per_ms=kv_rate,
         expert_flops_per_ms=experts,
+        row_layer_ms=row_work,
         chip=known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
     )

@@ -38,6 +38,7 @@ def machine_record(machine: Machine) -> dict[str, Any]:
         "attention_flops_per_ms": round(machine.attention_flops_per_ms, 1),
         "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
         "expert_flops_per_ms": round(machine.expert_flops_per_ms, 1),
+        "row_layer_ms": round(machine.row_layer_ms, 5),
         "chip": machine.chip.name if machine.chip else "",
         "gpu": machine.overhead is GPU_OVERHEAD,
     }
@@ -54,6 +55,7 @@ def machine_from_record(record: dict[str, Any]) -> Machine:
         attention_flops_per_ms=float(record.get("attention_flops_per_ms", 0.0)),
         kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
         expert_flops_per_ms=float(record.get("expert_flops_per_ms", 0.0)),
+        row_layer_ms=float(record.get("row_layer_ms", 0.0)),
         chip=known_chip(record.get("chip", "")),
         overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
     )
@@ -109,9 +111,8 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
             ]
         for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
             merged[key] = statistics.median(m[key] for m in mine)
-        merged["expert_flops_per_ms"] = statistics.median(
-            m.get("expert_flops_per_ms", 0.0) for m in mine
-        )
+        for key in ("expert_flops_per_ms", "row_layer_ms"):
+            merged[key] = statistics.median(m.get(key, 0.0) for m in mine)
         out.append(machine_from_record(merged))
     return tuple(out)
 

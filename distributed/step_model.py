@@ -26,7 +26,7 @@ against, and the commands: docs/BENCHMARKS.md, "The step-time model in the produ
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class Machine:
     attention_flops_per_ms: float = 0.0  # attention's arithmetic over a prefill chunk
     kv_bytes_per_ms: float = 0.0  # KV a decode step's attention reads
     expert_flops_per_ms: float = 0.0  # routed experts' products over a prefill's tokens
+    row_layer_ms: float = 0.0  # a prefill row's work in a layer beside those (0: the table's)
     chip: Chip | None = None
     overhead: Overhead = CPU_OVERHEAD
 
@@ -140,7 +141,12 @@ class Speed:
         if machine.overhead is not CPU_OVERHEAD:
             return machine.overhead
         shared = self.crowding[rank] if self.crowding and at_once else 1.0 / machine.cores
-        return cpu_overhead(shared >= 1.0, eager)
+        kind = cpu_overhead(shared >= 1.0, eager)
+        if not machine.row_layer_ms:
+            return kind
+        # a prefill row's cost as measured; a decode row's as calibrated (the same sum)
+        extra = kind.decode_row_layer_ms + kind.row_layer_ms - machine.row_layer_ms
+        return replace(kind, row_layer_ms=machine.row_layer_ms, decode_row_layer_ms=extra)
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,36 @@ def test_a_rank_with_one_core_while_it_computes_pays_the_one_core_overhead() -> 
     assert not plan_work(make_plan(moe, 1, None, "tensor"), 4).eager
 
 
+def test_a_prefill_row_costs_what_the_machine_measured_and_a_decode_row_what_it_did() -> None:
+    """A machine whose probe timed a prefill row's work beside the products and attention
+    pays that a prefill row and layer, whatever kind of CPU overhead its rank pays; a
+    decode row keeps the kind's calibrated sum; the figure survives the ranks' records."""
+    from distributed.speed_records import machine_from_record, machine_record
+
+    measured = replace(flat(), overhead=CPU_OVERHEAD, row_layer_ms=0.007)
+    assert machine_from_record(machine_record(measured)).row_layer_ms == 0.007
+    here = crowding_of([RankHost(host="here", cores=2, memory_bytes=2**34)] * 2)
+    for speed, at_once in (
+        (Speed((measured,), LINK), False),
+        (Speed((measured,) * 2, LINK, here), True),
+    ):
+        table = Speed(
+            (replace(measured, row_layer_ms=0.0),) * len(speed.machines), LINK, speed.crowding
+        )
+        kind, calibrated = speed.overhead(0, at_once), table.overhead(0, at_once)
+        assert kind.ms(30, 512, decode=False) == pytest.approx(
+            calibrated.ms(30, 512, decode=False) - 30 * 512 * (calibrated.row_layer_ms - 0.007)
+        )
+        assert kind.ms(30, 8) == pytest.approx(calibrated.ms(30, 8))
+    tensor = plan_work(make_plan(SMOL, 2, None, "tensor"), 4)
+    shared = Speed((measured,) * 2, LINK, here)
+    unmeasured = Speed((replace(measured, row_layer_ms=0.0),) * 2, LINK, here)
+    assert (
+        predict(tensor, shared, 1, prefill=512).ms < predict(tensor, unmeasured, 1, prefill=512).ms
+    )
+    assert predict(tensor, shared, 8).ms == pytest.approx(predict(tensor, unmeasured, 8).ms)
+
+
 def test_a_hosts_cores_are_those_the_process_may_run_on() -> None:
     """A rank started under `taskset -c 0` has one core to itself, whatever the machine's."""
     first = min(os.sched_getaffinity(0))
