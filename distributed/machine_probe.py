@@ -209,7 +209,7 @@ def _row_work(shape: ModelShape, dtype: mx.Dtype) -> float:
     worth of rows (at most ATTENTION_CHUNK). The default model's layer on 128 to 1,440
     rows, less its products at the probe's rate and its attention timed alone, left
     0.037-0.041 ms a row on the Xeon host; this work takes 0.037-0.040 there (the
-    activation 0.030 of it); the bench's MoE model's 0.0065-0.0075, where its prefill
+    activation 0.030 of it); the bench's MoE model's 0.0065-0.0074, where its prefill
     left 0.004-0.014."""
     hidden, heads, kv_heads, dim = (
         shape.hidden_size, shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim

@@ -150,6 +150,12 @@ def test_a_prefill_row_costs_what_the_machine_measured_and_a_decode_row_what_it_
         predict(tensor, shared, 1, prefill=512).ms < predict(tensor, unmeasured, 1, prefill=512).ms
     )
     assert predict(tensor, shared, 8).ms == pytest.approx(predict(tensor, unmeasured, 8).ms)
+    # 3 ranks on 2 cores measured their rows together, as their rates; predict multiplies
+    # every overhead by the crowding, so the row counts once
+    crowded = crowding_of([RankHost(host="here", cores=2, memory_bytes=2**34)] * 3)
+    together = replace(measured, row_layer_ms=0.007 * 1.5)
+    probed = Speed((together,) * 3, LINK, crowded, rates_shared=True)
+    assert probed.overhead(0, at_once=True).row_layer_ms == pytest.approx(0.007)
 
 
 def test_a_hosts_cores_are_those_the_process_may_run_on() -> None:
