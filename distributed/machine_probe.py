@@ -214,9 +214,8 @@ def _row_work(shape: ModelShape, dtype: mx.Dtype) -> float:
     hidden, heads, kv_heads, dim = (
         shape.hidden_size, shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
     )  # fmt: skip
-    layers = max(1, shape.num_layers)
-    dense = shape.dense_layer_count if shape.is_moe else layers
-    mlp = (dense * shape.intermediate_size + shape.moe_layers * shape.shared_size) // layers
+    dense, shared = shape.dense_layer_count, shape.moe_layers
+    mlp = (dense * shape.intermediate_size + shared * shape.shared_size) // max(1, shape.num_layers)
     widest = max(hidden, heads * dim, mlp)
     rows = max(1, min(ATTENTION_CHUNK, ROW_ELEMENTS // widest))
     x = mx.full((1, rows, hidden), 0.5, dtype=dtype)
