@@ -54,6 +54,13 @@ LONG_PASS_MS = 20.0
 ATTENTION_CHUNK = 512
 DECODE_CONTEXT = 2048  # keys a decode probe's rows read
 ROW_ELEMENTS = 2**20  # the row work's probe: rows of its widest vector, up to this many
+# Where a host's ranks outnumber its cores, each sample of a probe runs its pass again
+# until this long has passed: a pass of a few ms either ran whole or waited out another
+# rank's turn of the scheduler, so their median read either (3 ranks on the Xeon host's 2
+# cores, nine starts: attention 8.4-17.9 GFLOP/s, the products at a prefill's rows 53-118,
+# one row 5.7-11.7 GB/s), and the 3-rank pipeline's prefill was predicted -6% to -35%;
+# with these samples, six starts: attention 8.8-13.0, the pipeline's prefill -1% to -17%
+CROWDED_SAMPLE_MS = 60.0
 
 
 def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
@@ -77,9 +84,9 @@ class _Weights:
 
     def __init__(
         self, shapes: list[tuple[int, int]], shape: ModelShape, dtype: mx.Dtype, budget: int,
-        head: bool = False,
+        head: bool = False, floor_ms: float = 0.0,
     ) -> None:  # fmt: skip
-        self.shape, self.dtype = shape, dtype
+        self.shape, self.dtype, self.floor_ms = shape, dtype, floor_ms
         self.items: list[tuple[Any, int]] = []  # (weight, its input width)
         self.nbytes = self.params = 0
         quantize = bool(shape.quantized and shape.bits and shape.group_size)
@@ -115,19 +122,26 @@ class _Weights:
         def run() -> None:
             mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
 
-        return median_ms(run, repeats, enough_ms=3 * LONG_PASS_MS)
+        return median_ms(run, repeats, 3 * LONG_PASS_MS, self.floor_ms)
 
 
-def median_ms(run: Any, repeats: int, enough_ms: float = 0.0) -> float:
-    """The median of `repeats` timed runs after one untimed; three do where they took
-    `enough_ms` together (never for a collective: every rank must run it alike)."""
+def median_ms(run: Any, repeats: int, enough_ms: float = 0.0, floor_ms: float = 0.0) -> float:
+    """The median ms of a run over `repeats` timed samples after one untimed run; three do
+    where they took `enough_ms` together (never for a collective: every rank must run it
+    alike). With `floor_ms`, a sample runs `run` again until that long has passed and
+    counts its mean (three samples): see CROWDED_SAMPLE_MS."""
     run()
     times: list[float] = []
     for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - started) * 1e3)
-        if enough_ms and len(times) >= 3 and sum(times) >= enough_ms:
+        started, runs = time.perf_counter(), 0
+        while True:
+            run()
+            runs += 1
+            took = (time.perf_counter() - started) * 1e3
+            if took >= floor_ms:
+                break
+        times.append(took / runs)
+        if len(times) >= 3 and (floor_ms or (enough_ms and sum(times) >= enough_ms)):
             break
     return statistics.median(times)
 
@@ -151,7 +165,7 @@ def _nbytes(w: Any) -> int:
     return w.nbytes if isinstance(w, mx.array) else sum(p.nbytes for p in w if p is not None)
 
 
-def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
+def _attention(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> tuple[float, float]:
     """(attention's arithmetic a ms over a causal prefill chunk, KV bytes a decode step
     reads a ms), through mx.fast.scaled_dot_product_attention as the ranks run it (the CPU
     backend's grouped kernel where server.py installed it)."""
@@ -166,15 +180,15 @@ def _attention(shape: ModelShape, dtype: mx.Dtype) -> tuple[float, float]:
     k = mx.full((1, kv_heads, ATTENTION_CHUNK, dim), 0.1, dtype=dtype)
     mx.eval(q, k)
     flops = 4 * heads * dim * ATTENTION_CHUNK * ATTENTION_CHUNK / 2
-    prefill = flops / median_ms(run(q, k, "causal"), REPEATS)
+    prefill = flops / median_ms(run(q, k, "causal"), REPEATS, floor_ms=floor_ms)
     q = mx.full((8, heads, 1, dim), 0.1, dtype=dtype)
     k = mx.full((8, kv_heads, DECODE_CONTEXT, dim), 0.1, dtype=dtype)
     mx.eval(q, k)
-    decode = 2 * k.nbytes / median_ms(run(q, k), REPEATS)
+    decode = 2 * k.nbytes / median_ms(run(q, k), REPEATS, floor_ms=floor_ms)
     return prefill, decode
 
 
-def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
+def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int, floor_ms: float) -> float:
     """Arithmetic a ms of routed experts over a prefill's tokens, as the families run them:
     mlx-lm's SwitchGLU (the tokens gathered and sorted by expert, three gather_mm, the
     activation, the order restored), each expert given its share of PREFILL_ROWS tokens'
@@ -198,10 +212,10 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int) -> float:
     def run() -> None:
         mx.eval(experts(x, index))
 
-    return 2 * 3 * tokens * picks * hidden * columns / median_ms(run, REPEATS)
+    return 2 * 3 * tokens * picks * hidden * columns / median_ms(run, REPEATS, floor_ms=floor_ms)
 
 
-def _row_work(shape: ModelShape, dtype: mx.Dtype) -> float:
+def _row_work(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> float:
     """Ms a row and layer of a prefill's work beside its products and attention: the two
     norms and residual sums over the hidden size, the queries, keys and values into heads
     with their rotation, and the dense MLP's activation over its columns (a MoE layer's
@@ -241,7 +255,7 @@ def _row_work(shape: ModelShape, dtype: mx.Dtype) -> float:
             out.append(gate * mx.sigmoid(gate) * up)
         mx.eval(out)
 
-    return median_ms(run, REPEATS, enough_ms=3 * LONG_PASS_MS) / rows
+    return median_ms(run, REPEATS, 3 * LONG_PASS_MS, floor_ms) / rows
 
 
 def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
@@ -256,20 +270,23 @@ def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     return int(max(MIN_PROBE_BYTES, min(budget, model)))
 
 
-def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> Machine:
+def probe_machine(
+    shape: ModelShape, activation_bytes: int, name: str = "", crowded: bool = False
+) -> Machine:
     """This machine's rates for `shape`'s layers, head and attention, as one rank of it
-    sees them now."""
+    sees them now (`crowded`: beside more ranks than the host has cores)."""
+    floor = CROWDED_SAMPLE_MS if crowded else 0.0
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     gpu = mx.default_device() == mx.gpu
     budget = probe_budget(shape, activation_bytes)
-    layers = _Weights(_layer_shapes(shape), shape, dtype, budget)
+    layers = _Weights(_layer_shapes(shape), shape, dtype, budget, floor_ms=floor)
     layers.ms(1, 1)  # the first pass after the allocation pays the kernel's page work
     quarter = max(1, len(layers.items) // 4)
     rates = [(rows, _slope(layers, rows, quarter)) for rows in DECODE_ROWS]
     # a prefill's many rows: two layers' weights against one are enough arithmetic to time
     one = len(_layer_shapes(shape))
     two = sum(rows * columns for rows, columns in _layer_shapes(shape)) * 4 + 1
-    prefill = _Weights(_layer_shapes(shape), shape, dtype, two)  # two layers' weights
+    prefill = _Weights(_layer_shapes(shape), shape, dtype, two, floor_ms=floor)  # two layers
     rate = _slope(prefill, PREFILL_ROWS, one)
     rates.append((PREFILL_ROWS, rate))
     params_per_byte = layers.params / layers.nbytes
@@ -281,7 +298,7 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     head_rows = max(4, min(shape.vocab_size, budget // (shape.hidden_size * 4)))
     one_head = head_rows * shape.hidden_size * dtype.size
     head = _Weights(
-        [(head_rows, shape.hidden_size)], shape, dtype, max(budget, 2 * one_head), head=True
+        [(head_rows, shape.hidden_size)], shape, dtype, max(budget, 2 * one_head), True, floor
     )
     head_rates = [(rows, _slope(head, rows, 1)) for rows in DECODE_ROWS]
     # freed buffers of other sizes held in MLX's cache slowed the probes after the
@@ -289,11 +306,11 @@ def probe_machine(shape: ModelShape, activation_bytes: int, name: str = "") -> M
     # first; the bench's MoE experts 19-21 against 25-26 (28-29 probed alone); a prefill's
     # layers reuse their own sizes
     mx.clear_cache()
-    attention_flops, kv_rate = _attention(shape, dtype)
+    attention_flops, kv_rate = _attention(shape, dtype, floor)
     mx.clear_cache()
-    experts = _experts(shape, dtype, budget)
+    experts = _experts(shape, dtype, budget, floor)
     mx.clear_cache()
-    row_work = 0.0 if gpu else _row_work(shape, dtype)
+    row_work = 0.0 if gpu else _row_work(shape, dtype, floor)
     mx.clear_cache()
     chip = this_chip()
     return Machine(

@@ -114,8 +114,9 @@ def measure_speed(
     if group.size() > 1:  # start together: ranks sharing cores then measure what they share
         mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
     ranks = group.size()
+    crowding = crowding_of(hosts)
     first = probe_link(group, shape, activation_bytes) if ranks > 1 else None
-    machine = probe_machine(shape, activation_bytes)
+    machine = probe_machine(shape, activation_bytes, crowded=crowding[group.rank()] > 1.0)
     link = None
     if first is not None:  # once more, a second later, and each size's cheaper time kept
         again = probe_link(group, shape, activation_bytes)
@@ -131,7 +132,6 @@ def measure_speed(
         mine["link"] = [link.latency_us, link.gb_s]
     records = all_records(group, mine)
     machines = per_host(records, hosts)
-    crowding = crowding_of(hosts)
     if link is None:
         link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
     elif max(crowding) > 1.0 and len({h.host for h in hosts}) == 1:
