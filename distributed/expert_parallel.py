@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from distributed.expert_load import ExpertLoad
 from distributed.families.spec import DenseParts, ExpertParts
 from distributed.slicing import keep_columns, keep_rows
 from distributed.watchdog import EvalGuard, guarded_eval
@@ -40,6 +41,9 @@ class LocalExperts(nn.Module):
         self.start, self.count = start, end - start
         # Optional `guard(what)` context manager (a collective watchdog) around the sync.
         self.eval_guard: EvalGuard | None = None
+        # rank 0: where this MoE layer (the `layer`-th) counts its routes
+        self.load: ExpertLoad | None = None
+        self.layer = 0
 
     def _routes(self, indices: mx.array) -> np.ndarray:
         guarded_eval(indices, self.eval_guard, "expert routing (all_sums before it)")
@@ -48,6 +52,8 @@ class LocalExperts(nn.Module):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         k, width = indices.shape[-1], x.shape[-1]
         routes = self._routes(indices)
+        if self.load is not None:
+            self.load.record(self.layer, routes)
         local = routes - self.start
         pairs = np.nonzero((local >= 0) & (local < self.count))[0]
         out = mx.zeros((routes.size, width), dtype=x.dtype)

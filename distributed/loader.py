@@ -19,6 +19,7 @@ from mlx_lm.utils import load_model
 from acquisition.received import NotReceived, Received
 from acquisition.source import ModelSourceError, resolve_model, served_names
 from config.settings import Settings
+from distributed.expert_load import ExpertLoad
 from distributed.expert_parallel import LocalExperts
 from distributed.hosts import RankHost, gather_hosts
 from distributed.kept_split import kept_split
@@ -80,6 +81,15 @@ def install_eval_guard(model: nn.Module, guard: EvalGuard) -> int:
             part.eval_guard = guard
             count += 1
     return count
+
+
+def install_expert_load(model: nn.Module, load: ExpertLoad) -> int:
+    """Have every MoE layer of an expert split count its routes into `load` (rank 0: the
+    step-time model's routing, distributed/expert_load.py); returns how many."""
+    parts = [module for _, module in model.named_modules() if isinstance(module, LocalExperts)]
+    for index, part in enumerate(parts):
+        part.load, part.layer = load, index
+    return len(parts)
 
 
 def load_rank_model(

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from distributed.chips import Chip, Link
+from distributed.expert_load import busiest_share
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD, Overhead, cpu_overhead
 from distributed.step_work import PlanWork, RankWork
 
@@ -173,38 +174,51 @@ def _touched(held: int, total: int, picks: int, tokens: int) -> float:
     return held * (1 - (1 - picks / total) ** tokens)
 
 
-def _busiest_touched(work: PlanWork, tokens: int, samples: int = 256) -> list[float]:
-    """Per rank, the experts the busiest rank computes in a layer where every rank waits
-    for it (a tensor plan): E[max over ranks], by a seeded sampling of uniform routes."""
+def _routed(work: PlanWork, tokens: int, samples: int = 256) -> list[tuple[float, float]]:
+    """Per rank, (experts it computes in a MoE layer, its share of the layer's routes) for
+    a forward of `tokens` tokens. A rank of a pipeline or of mlx-lm's shard() computes
+    every route (through its slice of each expert in the latter). An expert split's ranks
+    wait at each layer's all_sum for the busiest, so each counts the busiest rank's: the
+    most experts touched and the largest share of routes, by the layers' routes as serving
+    counted them (`expert_shares`) or evenly."""
     held = [r.experts_held for r in work.ranks]
     total, picks = work.num_experts, work.experts_per_token
-    if not total or not any(held):
-        return [0.0] * len(held)
-    if not work.experts_divided:  # every rank holds a slice of every expert
-        return [_touched(h, total, picks, tokens) for h in held]
-    if tokens * picks > 4 * total:  # every expert is all but sure to be touched
-        most = max(_touched(h, total, picks, tokens) for h in held)
-        return [most if h else 0.0 for h in held]
-    rng = np.random.default_rng(0)
-    # each token's picks: the `picks` smallest of uniform draws, without replacement
-    draws = rng.random((samples, tokens, total))
-    chosen = np.argpartition(draws, picks - 1, axis=-1)[..., :picks]
-    used = np.zeros((samples, total), dtype=bool)
-    np.put_along_axis(used, chosen.reshape(samples, -1), True, axis=-1)
+    if not total or not any(held) or not tokens:
+        return [(0.0, 0.0)] * len(held)
+    if not (work.strategy == "tensor" and work.experts_divided):
+        return [(_touched(h, total, picks, tokens), 1.0 if h else 0.0) for h in held]
+    layers = [np.asarray(s) for s in work.expert_shares] or [np.full(total, 1.0 / total)]
     edges = np.cumsum([0, *held])
-    counts = np.stack(
-        [used[:, a:b].sum(axis=1) for a, b in zip(edges[:-1], edges[1:], strict=True)], axis=1
-    )
-    busiest = float(counts.max(axis=1).mean())
-    return [busiest if h else 0.0 for h in held]
+    spans = list(zip(edges[:-1], edges[1:], strict=True))
+    share = busiest_share(work.expert_shares, held)
+    chance = [np.minimum(1.0, picks * p) for p in layers]  # a token's odds of each expert
+    if tokens * picks > 4 * total:  # many tokens: each rank's expected count is its count
+        busiest = [max((1 - (1 - c[a:b]) ** tokens).sum() for a, b in spans) for c in chance]
+    else:  # few: E[max over ranks] by a seeded sampling of routes, `picks` per token,
+        # over 8 of the layers at most (a decode step's prediction stays milliseconds)
+        rng = np.random.default_rng(0)
+        sampled = layers[:: max(1, len(layers) // 8)][:8]
+        each = samples // len(sampled)
+        busiest = []
+        for p in sampled:
+            with np.errstate(divide="ignore"):
+                keys = np.log(p) + rng.gumbel(size=(each, tokens, total))
+            chosen = np.argpartition(-keys, picks - 1, axis=-1)[..., :picks]
+            used = np.zeros((each, total), dtype=bool)
+            np.put_along_axis(used, chosen.reshape(each, -1), True, axis=-1)
+            counts = np.stack([used[:, a:b].sum(axis=1) for a, b in spans], axis=1)
+            busiest.append(float(counts.max(axis=1).mean()))
+    most = float(np.mean(busiest))
+    return [(most, share) if h else (0.0, 0.0) for h in held]
 
 
 def _rank_segments(
-    work: PlanWork, rank: RankWork, machine: Machine, rows: int, head_rows: int, experts: float,
-    context: int, batch: int,
+    work: PlanWork, rank: RankWork, machine: Machine, rows: int, head_rows: int,
+    routed: tuple[float, float], context: int, batch: int,
 ) -> tuple[float, float, float]:  # fmt: skip
     """One rank's compute ms for a forward of `rows` token rows over `context` positions,
-    in the parts a tensor plan syncs after: (attention, the rest of the layers, the head)."""
+    in the parts a tensor plan syncs after: (attention, the rest of the layers, the head);
+    `routed`: (experts it computes in a MoE layer, its share of the layer's routes)."""
     attention_bytes = rank.attention_params * rank.param_bytes
     attention_weights = machine.weights_ms(attention_bytes, rank.attention_params, rows)
     rest = rank.dense_params - rank.attention_params
@@ -212,20 +226,20 @@ def _rank_segments(
     head = machine.weights_ms(
         rank.head_params * rank.param_bytes, rank.head_params, head_rows, head=True
     )
-    routed = 0.0
+    experts, share = routed
+    routed_ms = 0.0
     if rank.moe_layers and experts:
-        per_expert = rows * work.experts_per_token / max(1, work.num_experts)
-        tokens_each = max(1, math.ceil(per_expert * rank.experts_held / experts))
+        tokens_each = max(1, math.ceil(rows * work.experts_per_token * share / experts))
         one = machine.weights_ms(
             rank.expert_params * rank.expert_param_bytes, rank.expert_params, tokens_each
         )
         if machine.expert_flops_per_ms and machine.rates:  # a prefill: gather_mm's arithmetic
             one = max(one, 2 * rank.expert_params * tokens_each / machine.expert_flops_per_ms)
-        routed = rank.moe_layers * experts * one
+        routed_ms = rank.moe_layers * experts * one
     span = rows / batch  # positions a row computes this forward
     attention = 4 * rank.layers * rank.heads * rank.head_dim * rows * (context + span / 2)
     kv = batch * (context + span) * rank.kv_bytes_per_token
-    return attention_weights + machine.attention_ms(attention, kv), dense + routed, head
+    return attention_weights + machine.attention_ms(attention, kv), dense + routed_ms, head
 
 
 def _synced_compute(work: PlanWork, segments: list[tuple[float, float, float]]) -> float:
@@ -250,19 +264,12 @@ def predict(
     seqs = 1 if prefill else batch
     if len(speed.machines) != work.world:
         raise ValueError(f"{len(speed.machines)} machines for a plan of {work.world} ranks")
-    if work.strategy == "tensor":
-        touched = _busiest_touched(work, rows) if work.num_experts else []
-    else:
-        touched = [
-            _touched(r.experts_held, work.num_experts, work.experts_per_token, rows)
-            for r in work.ranks
-        ]
+    routed = _routed(work, rows)
     segments: list[tuple[float, float, float]] = []
     for r, machine in zip(work.ranks, speed.machines, strict=True):
         crowd = 1.0 if speed.rates_shared else speed.crowd(r.rank)
-        experts = touched[r.rank] if touched else 0.0
         attention, rest, head = _rank_segments(
-            work, r, machine, rows, head_rows, experts, context, seqs
+            work, r, machine, rows, head_rows, routed[r.rank], context, seqs
         )
         segments.append((attention * crowd, rest * crowd, head * crowd))
     computes = [sum(parts) for parts in segments]
@@ -314,6 +321,11 @@ class ClusterModel:
     _cache: dict[tuple[int, int, int], tuple[float, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
+
+    def routed_as(self, shares: tuple[tuple[float, ...], ...]) -> ClusterModel:
+        """The same cluster with its MoE layers' routes as counted (distributed/
+        expert_load.py)."""
+        return ClusterModel(replace(self.work, expert_shares=shares), self.speed)
 
     def _line(self, batch: int, width: int, prefill: int) -> tuple[float, float]:
         key = (batch, width, prefill)

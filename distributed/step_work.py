@@ -78,6 +78,9 @@ class PlanWork:
     layers: int
     # a tensor plan whose heads are split syncs after attention as well as after the MLP
     attention_synced: bool = False
+    # each MoE layer's routes per expert as shares, as serving counted them (distributed/
+    # expert_load.py); none: every expert as popular as the next
+    expert_shares: tuple[tuple[float, ...], ...] = ()
 
     @property
     def world(self) -> int:

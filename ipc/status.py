@@ -102,6 +102,8 @@ class StepModelStatus(BaseModel):
     predicted_prefill_tokens_per_s: float = 0.0
     measured_prefill_tokens_per_s: float = 0.0
     prefill_steps: int = 0
+    # an expert split's busiest rank's share of the routes counted so far (0: none)
+    expert_load: float = 0.0
     # what a prediction can be made again from (bench/step_model.py): the measured speed
     # (every rank's machine record and the link) and the last prefill steps' forwards
     speed: dict[str, Any] = Field(default_factory=dict)

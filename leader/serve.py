@@ -16,7 +16,8 @@ from mlx_lm.utils import load_tokenizer
 
 from config.settings import Settings
 from distributed.exits import EXIT_PEER_GONE, die, peer_lost
-from distributed.loader import ModelInfo
+from distributed.expert_load import ExpertLoad
+from distributed.loader import ModelInfo, install_expert_load
 from distributed.memory import element_bytes, kv_bytes
 from distributed.runtime import RankRuntime
 from distributed.step_model import ClusterModel
@@ -73,7 +74,7 @@ def serve_leader(
         scheduler,
         wake,
         warm_up=_warm_up(settings, scheduler),
-        step_times=StepTimes(model),
+        step_times=StepTimes(model, _expert_load(loaded)),
     )
     if wake is not None:
         wake.watch(leader.rank_lost)
@@ -110,6 +111,15 @@ def _step_model(settings: Settings, info: ModelInfo, ranks: list[RankStatus]) ->
         512_000 / model.prefill_ms(512),
     )
     return model
+
+
+def _expert_load(loaded: LoadedRank) -> ExpertLoad | None:
+    """Where the experts are split, a count of their routes for the step-time model."""
+    load = ExpertLoad(loaded.info.plan.shape.num_experts)
+    if not install_expert_load(loaded.model, load):
+        return None
+    log.info("expert split: rank 0 counts each MoE layer's routes (the step-time model's load)")
+    return load
 
 
 def _scheduler(

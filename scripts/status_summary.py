@@ -80,6 +80,10 @@ def step_times(status: dict) -> list[str]:
             f"prefill, predicted / measured: {model.get('predicted_prefill_tokens_per_s', 0):.0f}"
             f" / {model.get('measured_prefill_tokens_per_s', 0):.0f} tokens/s"
         )
+    if model.get("expert_load"):
+        lines.append(
+            f"expert split: the busiest rank takes {model['expert_load']:.0%} of the routes"
+        )
     if model.get("link"):
         lines.append(f"measured at start: {model['link']}")
     return lines

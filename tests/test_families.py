@@ -318,6 +318,11 @@ def test_launch_status_shows_what_an_moe_plan_splits() -> None:
     lines = summary.summarise({"state": "ready", "world_size": 3, "plan": plan})
     assert "plan tensor-uneven by heads + experts + vocabulary" in lines[0]
     assert "experts 0-64" in lines[1] and "vocab 0-" in lines[1]
+    model = {"predicted_decode_ms": {"1": 30.0}, "expert_load": 0.61}
+    lines = summary.summarise(
+        {"state": "ready", "world_size": 3, "plan": plan, "step_model": model}
+    )
+    assert "expert split: the busiest rank takes 61% of the routes" in lines
 
 
 def test_the_plan_names_each_ranks_longest_context_and_lowers_the_models(

@@ -194,6 +194,8 @@ def test_the_server_batches_cancels_and_caches_prefixes_on_an_moe_family(moe_ser
     plan = moe_server.status().plan
     assert plan["split_experts"] and plan["split_heads"] and plan["split_vocab"]
     _batches_cancels_and_caches(moe_server)
+    # rank 0 counted the routes: the busiest rank's share, at least an even split's
+    assert 0.5 <= moe_server.status().step_model.expert_load <= 1.0
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from distributed.chips import LINKS, chip_named, link_named, parse_link
+from distributed.expert_load import ExpertLoad, busiest_share
 from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
@@ -22,7 +24,7 @@ from distributed.step_model import (
     Machine,
     Speed,
     StepTime,
-    _busiest_touched,
+    _routed,
     _synced_compute,
     _touched,
     predict,
@@ -117,10 +119,37 @@ def test_routed_experts_cost_where_tokens_go_and_the_busiest_rank_sets_the_pace(
     assert _touched(8, 16, 4, 64) == pytest.approx(8.0, rel=1e-3)  # every expert
     moe = write_config("qwen3_moe")
     work = plan_work(make_plan(moe, 2, None, "tensor"), 4)
-    busiest = _busiest_touched(work, 1)
+    (busiest, share), _ = _routed(work, 1)
     mean = _touched(work.ranks[0].experts_held, work.num_experts, work.experts_per_token, 1)
-    assert busiest[0] > mean  # the routes split unevenly, and every rank waits
-    assert busiest == _busiest_touched(work, 1)  # seeded: every rank computes the same
+    assert busiest > mean  # the routes split unevenly, and every rank waits
+    assert share == pytest.approx(0.5)  # as many routes to each rank's experts, uncounted
+    assert _routed(work, 1) == _routed(work, 1)  # seeded: every rank computes the same
+
+
+def test_routes_as_counted_make_the_busiest_rank_of_an_expert_split_busier() -> None:
+    moe = write_config("qwen3_moe")
+    model = ClusterModel(
+        plan_work(make_plan(moe, 2, None, "tensor"), 4), Speed((flat(1e7),) * 2, LINK)
+    )
+    total = model.work.num_experts
+    load = ExpertLoad(total)
+    rng = np.random.default_rng(1)
+    for layer in range(2):  # layer 0 favours the first rank's experts, layer 1 the second's
+        odds = np.r_[np.full(total // 2, 3.0), np.ones(total // 2)]
+        routes = rng.choice(total, size=(4096, 1), p=odds / odds.sum())
+        load.record(layer, routes if layer == 0 else total - 1 - routes)
+    assert load.seen == 2 * 4096
+    shares = load.shares()
+    assert [sum(s) for s in shares] == pytest.approx([1.0, 1.0])
+    held = [r.experts_held for r in model.work.ranks]
+    assert busiest_share(shares, held) == pytest.approx(0.75, abs=0.02)
+    assert busiest_share((), held) == pytest.approx(0.5)
+    counted = model.routed_as(shares)
+    assert _routed(counted.work, 1024)[0][1] == pytest.approx(0.75, abs=0.02)  # not 1/2
+    assert counted.prefill_ms(1024) > model.prefill_ms(1024)
+    assert counted.decode_ms(1) >= model.decode_ms(1)
+    pipeline = plan_work(make_plan(moe, 2, None, "pipeline"), 4)  # every stage takes every route
+    assert _routed(replace(pipeline, expert_shares=shares), 512) == _routed(pipeline, 512)
 
 
 def write_config(family: str) -> dict:
