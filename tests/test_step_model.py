@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from distributed.chips import LINKS, chip_named, link_named, parse_link
-from distributed.expert_load import ExpertLoad, busiest_share
+from distributed.expert_load import FIRST_REFRESH_ROUTES, ExpertLoad, busiest_share
 from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
@@ -33,6 +33,7 @@ from distributed.step_overhead import Overhead
 from distributed.step_work import bytes_per_param, plan_work
 from engine.prefix_disk import layout_digest
 from launcher.plan_machines import parse_host
+from leader.step_times import StepTimes
 from tests.support.family_configs import CONFIGS
 from tests.support.step_machines import FREE, LINK, SMOL, flat
 from tests.support.tiny_families import write_family_model
@@ -150,6 +151,23 @@ def test_routes_as_counted_make_the_busiest_rank_of_an_expert_split_busier() -> 
     assert counted.decode_ms(1) >= model.decode_ms(1)
     pipeline = plan_work(make_plan(moe, 2, None, "pipeline"), 4)  # every stage takes every route
     assert _routed(replace(pipeline, expert_shares=shares), 512) == _routed(pipeline, 512)
+
+
+def test_status_follows_the_routes_rank_0_counts() -> None:
+    moe = write_config("qwen3_moe")
+    work = plan_work(make_plan(moe, 2, None, "tensor"), 4)
+    load = ExpertLoad(work.num_experts)
+    times = StepTimes(ClusterModel(work, Speed((flat(1e7),) * 2, LINK)), load)
+    times.prefilled([(0, 512)], 50.0)
+    even = times.status()
+    assert even.expert_load == 0.0 and even.speed["expert_shares"] == []
+    load.record(0, np.zeros(FIRST_REFRESH_ROUTES, dtype=np.int64))  # all to rank 0's expert 0
+    times.prefilled([(0, 512)], 50.0)
+    counted = times.status()
+    assert counted.expert_load == 1.0
+    assert counted.speed["expert_shares"][0][0] == 1.0
+    # the second prefill was predicted with rank 0 taking every route: slower
+    assert counted.predicted_prefill_tokens_per_s < even.predicted_prefill_tokens_per_s
 
 
 def write_config(family: str) -> dict:
