@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ def model_of(report: dict[str, Any]) -> ClusterModel:
     work = plan_work(plan, int(speed["activation_bytes"]), speed["kv_bytes_per_token"])
     work = work.calibrated([int(b) for b in speed["weight_bytes"]])
     shares = tuple(tuple(layer) for layer in speed.get("expert_shares") or ())
-    return ClusterModel(replace(work, expert_shares=shares), speed_from_record(speed))
+    return ClusterModel(work, speed_from_record(speed)).routed_as(shares)
 
 
 def figures(report: dict[str, Any], again: bool) -> dict[str, tuple[float, float]]:

@@ -191,8 +191,8 @@ def _routed(work: PlanWork, tokens: int, samples: int = 256) -> list[tuple[float
     edges = np.cumsum([0, *held])
     spans = list(zip(edges[:-1], edges[1:], strict=True))
     share = busiest_share(work.expert_shares, held)
-    chance = [np.minimum(1.0, picks * p) for p in layers]  # a token's odds of each expert
     if tokens * picks > 4 * total:  # many tokens: each rank's expected count is its count
+        chance = [np.minimum(1.0, picks * p) for p in layers]  # a token's odds of each expert
         busiest = [max((1 - (1 - c[a:b]) ** tokens).sum() for a, b in spans) for c in chance]
     else:  # few: E[max over ranks] by a seeded sampling of routes, `picks` per token,
         # over 8 of the layers at most (a decode step's prediction stays milliseconds)
