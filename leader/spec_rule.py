@@ -4,14 +4,20 @@ per millisecond rise.
 A speculative step of B decoding rows, W positions each, sends B x W rows through every
 weight product and the head, so it costs what a step of B x W rows costs (compiled or
 eager as the engine's plain steps are: engine/compiled_decode.py takes several positions).
-Its gain is the proposals accepted: a row whose
-proposals are each accepted with probability a (given the ones before were) and that
-proposes d of them gains a + a^2 + ... + a^d tokens on average. Each step rank 0 picks the
-width W (1: no speculation) that maximises (B + gains) / cost(B x W); rows propose at most
-W - 1 tokens. With a full batch the rows alone fill the step's products and W = 1 wins
-unless acceptance is high. Proposals from a draft model (leader/draft_model.py) are not
-free: each costs rank 0 one forward of the draft before the step (its measured time), so a
-row the draft proposes d tokens for adds d of those to the step's cost.
+Its gain is the proposals accepted: a row whose proposal j is accepted with chance c_j
+(given the ones before were) and that proposes d of them gains c_1 + c_1 c_2 + ... +
+c_1...c_d tokens on average. Each step rank 0 picks the width W (1: no speculation) that
+maximises (B + gains) / cost(B x W); rows propose at most W - 1 tokens. With a full batch
+the rows alone fill the step's products and W = 1 wins unless acceptance is high.
+Proposals from a draft model (leader/draft_model.py) are not free: each costs rank 0 one
+forward of the draft before the step (its measured time), so a row the draft proposes d
+tokens for adds d of those to the step's cost.
+
+A chance is the mean of two pieces of evidence at hand: the row's recent trials
+(`Evidence`: does this answer copy at all), and how often the cluster's proposals were
+accepted where their match had held as long (`MatchOdds`: does this match go on). A
+match of 2 tokens found a moment ago is often a common n-gram; one that has held for 30 is
+a file being copied, and its next token is almost always accepted.
 
 Costs: rank 0 measures its own decode steps (those without prefill), by rows and by
 eager or compiled, as a running average. Until a row count is measured, the prior is the
@@ -24,8 +30,11 @@ takes up to 16 rows, and nothing beyond was measured.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import mul
 
 EAGER = 1.07
 MAX_ROWS = 16
@@ -33,6 +42,9 @@ AVERAGE = 0.2  # weight of a new measurement in the running average
 PRIOR = 0.5  # a row's acceptance before any trial
 RECENT = 0.3  # weight of a row's newest trial: its last 3-5 trials decide
 DRIFT = 0.05  # toward PRIOR, each step a row had no trial
+# the match lengths MatchOdds tells apart (a length counts in the last edge at or below it)
+HELD_EDGES = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64)
+HELD_MEMORY = 256  # trials a length's odds remember: its counts halve past this many
 
 
 @dataclass
@@ -122,26 +134,62 @@ class Evidence:
         self.rate += DRIFT * (PRIOR - self.rate)
 
 
+class MatchOdds:
+    """The cluster's odds that a prompt-lookup proposal is accepted, by how many tokens its
+    match had held when it was proposed (its n-gram included; the j-th proposal of a
+    step has held j - 1 more, if the ones before it are accepted). Counted from every
+    verified proposal and shadow trial, the latest HELD_MEMORY of each length weighing,
+    from a prior of one accepted in two.
+
+    On the edit workloads' answers (bench/edit_workloads.py) a fresh 2-gram match's next
+    token was accepted 69% of the time, one past 8 tokens 92-99%: a row's recent rate
+    alone proposed a long match's continuation as timidly as a fresh one's. Fed both (their
+    mean), the rule decoded each of the nine 1-17% faster at 1 rank (docs/BENCHMARKS.md,
+    "Edits it was not tuned on")."""
+
+    def __init__(self) -> None:
+        self._accepted = [1.0] * len(HELD_EDGES)
+        self._trials = [2.0] * len(HELD_EDGES)
+
+    @staticmethod
+    def _slot(held: int) -> int:
+        return max(0, bisect_right(HELD_EDGES, held) - 1)
+
+    def chance(self, held: int) -> float:
+        slot = self._slot(held)
+        return self._accepted[slot] / self._trials[slot]
+
+    def trial(self, held: int, accepted: bool) -> None:
+        slot = self._slot(held)
+        self._accepted[slot] += accepted
+        self._trials[slot] += 1
+        if self._trials[slot] > HELD_MEMORY:
+            self._accepted[slot] /= 2
+            self._trials[slot] /= 2
+
+    def chances(self, held: int, count: int, recent: float) -> list[float]:
+        """Each of `count` proposals' chance for a match that has held `held` tokens, in a
+        row whose recent rate is `recent`."""
+        return [(self.chance(held + j) + recent) / 2 for j in range(count)]
+
+
 def choose_width(
-    proposed: Sequence[int],
-    rates: Sequence[float],
+    chances: Sequence[Sequence[float]],
     costs: StepCosts,
     making: Sequence[float] | None = None,
 ) -> int:
-    """The step's positions per row (1: no speculation) for rows proposing `proposed`
-    tokens, accepted at `rates`; `making`: each row's milliseconds to make one proposal
+    """The step's positions per row (1: no speculation) for rows whose proposals have these
+    chances (`chances[row][j]`: proposal j accepted, given the ones before it were; as
+    many as the row proposes); `making`: each row's milliseconds to make one proposal
     (a draft model's forward; default 0, prompt lookup)."""
-    rows = len(proposed)
+    rows = len(chances)
     making = making or [0.0] * rows
     best_width, best = 1, rows / costs.predict(rows, eager=False)
-    for width in range(2, 2 + max(proposed, default=0)):
+    for width in range(2, 2 + max(map(len, chances), default=0)):
         if rows * width > costs.max_rows:
             break
-        gain = sum(
-            sum(rate**j for j in range(1, min(count, width - 1) + 1))
-            for count, rate in zip(proposed, rates, strict=True)
-        )
-        made = sum(min(count, width - 1) * ms for count, ms in zip(proposed, making, strict=True))
+        gain = sum(sum(accumulate(row[: width - 1], mul)) for row in chances)
+        made = sum(min(len(row), width - 1) * ms for row, ms in zip(chances, making, strict=True))
         value = (rows + gain) / (costs.predict(rows * width, eager=False) + made)
         if value > best:
             best_width, best = width, value

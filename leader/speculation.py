@@ -7,7 +7,8 @@ place in the conversation or the answer that the row's latest tokens repeat; it 
 nothing). Where prompt lookup proposes nothing for a row and DRAFT_MODEL is set, the draft
 model proposes its greedy continuation (leader/draft_model.py, on rank 0 alone). The
 per-step rule (leader/spec_rule.py) decides how many positions a step verifies, from each
-row's recent evidence and the step's cost (a draft's forwards included). Prompt lookup's
+row's recent evidence, how long its match has held and the step's cost (a draft's
+forwards included). Prompt lookup's
 proposals beyond those verified are checked for free against what the step sampled (the
 `shadow` trial): a row the rule leaves out is still measured. The proposals travel in the
 step plan; every rank runs one forward over each row's next token and its proposals
@@ -45,7 +46,7 @@ from ipc.status import SpeculationStats
 from leader.draft_model import DraftModel
 from leader.prompt_lookup import PromptLookup
 from leader.request import Request
-from leader.spec_rule import Evidence, Figures, StepCosts, choose_width
+from leader.spec_rule import Evidence, Figures, MatchOdds, StepCosts, choose_width
 
 log = logging.getLogger("ring.speculation")
 
@@ -77,6 +78,7 @@ class Speculator:
     totals: Figures = field(default_factory=Figures)
     draft_totals: Figures = field(default_factory=Figures)  # the draft model's proposals
     costs: StepCosts = field(default_factory=StepCosts)  # the per-step rule's (spec_rule.py)
+    odds: MatchOdds = field(default_factory=MatchOdds)  # the rule's, by a match's length
     _lookup: dict[int, PromptLookup] = field(default_factory=dict)
     _evidence: dict[int, Evidence] = field(default_factory=dict)  # each row's, for the rule
     _drafts: dict[int, list[int]] = field(default_factory=dict)  # the step's, by seq id
@@ -129,13 +131,11 @@ class Speculator:
                 if not draft and most > 0 and self.draft is not None:
                     asks[row] = (history, most)
             out.append(draft)
-        counts = [asks[row][1] if row in asks else len(d) for row, d in enumerate(out)]
         width = 1 + self.tokens
-        if any(counts) and self.rule:  # how wide a step pays (leader/spec_rule.py)
-            rates = [self._evidence.get(seq_id, Evidence()).rate for seq_id in seq_ids]
+        if (any(out) or asks) and self.rule:  # how wide a step pays (leader/spec_rule.py)
             ms = self.draft.token_ms if self.draft is not None else 0.0
             making = [ms if row in asks else 0.0 for row in range(len(out))]
-            width = choose_width(counts, rates, self.costs, making)
+            width = choose_width(self._chances(seq_ids, out, asks), self.costs, making)
             out = [draft[: width - 1] for draft in out]
         for row, (history, most) in asks.items():
             if self.draft is None:
@@ -149,6 +149,22 @@ class Speculator:
                 self._drafted.add(seq_ids[row])
         self._drafts = dict(zip(seq_ids, out, strict=True))
         return out if any(out) else []
+
+    def _chances(
+        self, seq_ids: list[int], out: list[list[int]], asks: dict[int, tuple[list[int], int]]
+    ) -> list[list[float]]:
+        """Each row's proposals' chances for the rule: a prompt-lookup match's by how long it
+        has held and the row's recent trials; a draft model's (no match) by the trials."""
+        chances = []
+        for row, seq_id in enumerate(seq_ids):
+            recent = self._evidence.get(seq_id, Evidence()).rate
+            if row in asks:
+                chances.append([recent] * asks[row][1])
+            elif out[row]:
+                chances.append(self.odds.chances(self._lookup[seq_id].run, len(out[row]), recent))
+            else:
+                chances.append([])
+        return chances
 
     def _drop_draft(self, exc: Exception) -> None:
         """Serve on with prompt lookup alone after the draft model failed."""
@@ -182,7 +198,8 @@ class Speculator:
         more): the proposals equal to what the position before sampled, and one more.
         The rest roll back at the next plan. The row's evidence takes the verified run
         and, where it was all accepted, the shadow trial of the next proposal prompt
-        lookup had (the token sampled after the run against it)."""
+        lookup had (the token sampled after the run against it); the odds by a match's
+        length take the same trials of prompt lookup's proposals."""
         draft = self._drafts.get(seq_id, [])
         kept = 0
         while kept < len(draft) and drawn[kept] == draft[kept]:
@@ -191,8 +208,13 @@ class Speculator:
         evidence = self._evidence.setdefault(seq_id, Evidence())
         ahead = self._ahead.get(seq_id, [])
         evidence.verified(kept, len(draft))
+        looked_up = seq_id not in self._drafted and seq_id in self._lookup
+        held = self._lookup[seq_id].run if looked_up else 0
+        for at in range(min(kept + 1, len(draft)) if looked_up else 0):
+            self.odds.trial(held + at, at < kept)
         if kept == len(draft) and len(ahead) > kept:
             evidence.trial(drawn[kept] == ahead[kept])
+            self.odds.trial(held + kept, drawn[kept] == ahead[kept])
         elif not draft:
             evidence.idle()
         if draft:

@@ -27,7 +27,7 @@ from leader.request import Request
 from leader.requests import Requests
 from leader.sampler import RequestSampler
 from leader.scheduler import Scheduler
-from leader.spec_rule import Evidence, StepCosts, choose_width
+from leader.spec_rule import Evidence, MatchOdds, StepCosts, choose_width
 from leader.speculation import Speculator
 from tests.support.tiny_models import write_tiny_model
 from tests.test_step_model import SMOL
@@ -232,18 +232,21 @@ def cpu_step_model() -> ClusterModel:
 
 def test_the_step_rule_speculates_where_tokens_per_ms_rise():
     costs = StepCosts(prior=cpu_step_model().decode_ms)
-    assert choose_width([4], [0.8], costs) >= 4  # one row, proposals usually accepted
-    assert choose_width([4], [0.02], costs) == 1  # rarely accepted: a plain step
-    assert choose_width([0, 3], [0.5, 0.9], costs) > 1  # zero proposals in a wide step
-    full = [4] * 8
-    assert choose_width(full, [0.4] * 8, costs) == 1  # a full batch: rows fill the step
-    assert choose_width(full, [0.95] * 8, costs) == 2  # ... unless nearly all are accepted
-    assert choose_width([4] * 16, [1.0] * 16, costs) == 1  # past the measured rows
+    assert choose_width([[0.8] * 4], costs) >= 4  # one row, proposals usually accepted
+    assert choose_width([[0.02] * 4], costs) == 1  # rarely accepted: a plain step
+    assert choose_width([[], [0.9] * 3], costs) > 1  # zero proposals in a wide step
+    full = [[0.4] * 4] * 8
+    assert choose_width(full, costs) == 1  # a full batch: rows fill the step
+    assert choose_width([[0.95] * 4] * 8, costs) == 2  # ... unless nearly all are accepted
+    assert choose_width([[1.0] * 4] * 16, costs) == 1  # past the measured rows
+    # a proposal counts only while the ones before it are accepted: a sure first and a
+    # hopeless second make a step of 2 positions
+    assert choose_width([[0.99, 0.01, 0.99, 0.99]], costs) == 2
     # rank 0's own measurements replace the prior: here extra positions cost a full step
     for _ in range(30):  # a running average: one slow step does not decide
         for rows in (1, 2, 3, 4, 5):
             costs.observe(rows, eager=False, ms=30.0 * rows)
-    assert choose_width([4], [0.8], costs) == 1
+    assert choose_width([[0.8] * 4], costs) == 1
 
 
 def test_a_rows_estimate_follows_its_latest_trials():
@@ -252,13 +255,34 @@ def test_a_rows_estimate_follows_its_latest_trials():
     evidence.verified(0, 4)  # its first proposals missed (an answer opening with prose)
     evidence.verified(0, 4)
     evidence.trial(False)
-    assert evidence.rate < 0.2 and choose_width([4], [evidence.rate], StepCosts()) <= 2
+    assert evidence.rate < 0.2 and choose_width([[evidence.rate] * 4], StepCosts()) <= 2
     for _ in range(4):  # then it copies: free shadow trials while the rule leaves it out
         evidence.trial(True)
-    assert choose_width([4], [evidence.rate], StepCosts()) >= 4
+    assert choose_width([[evidence.rate] * 4], StepCosts()) >= 4
     for _ in range(200):  # no trials for long: back toward the prior, never locked out
         evidence.idle()
     assert abs(evidence.rate - 0.5) < 0.01
+
+
+def test_the_odds_of_a_match_follow_how_long_it_has_held():
+    """Short matches that often break and long ones that hold: the odds learn each length's
+    own rate, forget old trials, and a long match is proposed for wider than a fresh one
+    in the same row."""
+    odds = MatchOdds()
+    assert odds.chance(2) == odds.chance(40) == 0.5  # the prior
+    for i in range(400):
+        odds.trial(2, i % 3 == 0)  # a fresh 2-gram: accepted one time in three
+        odds.trial(40, i % 20 != 0)  # a match held for 40 tokens: 95%
+    assert abs(odds.chance(2) - 1 / 3) < 0.05 and abs(odds.chance(44) - 0.95) < 0.03
+    assert odds.chance(1) == odds.chance(2)  # below the shortest length: counted with it
+    costs = StepCosts(prior=cpu_step_model().decode_ms)
+    recent = 0.5
+    fresh = choose_width([odds.chances(2, 8, recent)], costs)
+    held = choose_width([odds.chances(40, 8, recent)], costs)
+    assert held > fresh
+    for _ in range(600):  # the traffic changes: long matches start to break
+        odds.trial(40, False)
+    assert odds.chance(40) < 0.1
 
 
 def test_an_answer_that_opens_with_prose_then_copies_is_sped_up(tiny):
