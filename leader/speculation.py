@@ -8,12 +8,12 @@ nothing). Where prompt lookup proposes nothing for a row and DRAFT_MODEL is set,
 model proposes its greedy continuation (leader/draft_model.py, on rank 0 alone). The
 per-step rule (leader/spec_rule.py) decides how many positions a step verifies, from each
 row's recent evidence, how long its match has held and the step's cost (a draft's
-forwards included). Prompt lookup's
-proposals beyond those verified are checked for free against what the step sampled (the
-`shadow` trial): a row the rule leaves out is still measured. The proposals travel in the
-step plan; every rank runs one forward over each row's next token and its proposals
-(engine/batch_engine.py), and rank 0 samples every position as if it were the next token:
-position j with the key of the request's (drawn + j)-th token.
+forwards included). Prompt lookup's proposals beyond those verified are checked for free
+against what the step sampled (the `shadow` trial): a row the rule leaves out is still
+measured. The proposals travel in the step plan; every rank runs one forward over each
+row's next token and its proposals (engine/batch_engine.py), and rank 0 samples every
+position as if it were the next token: position j with the key of the request's
+(drawn + j)-th token.
 
 Acceptance: proposal j+1 is kept while it equals what position j sampled; the row takes the
 kept proposals and the token sampled after the last of them, and the next plan rolls back
