@@ -7,7 +7,8 @@ batch engine over it, then serve one of two roles until told to stop.
   forward, sleeping on the wake channel (no spinning) while idle.
 
 The two roles meet only in the step plan and the step's result (engine/step_plan.py).
-SIGTERM or a shutdown message ends every rank with exit 0.
+SIGTERM or a shutdown message ends every rank with exit 0, once its queued prefix-cache saves
+are on disk.
 """
 
 from __future__ import annotations
@@ -84,9 +85,12 @@ def main(settings: Settings) -> int:
     mine = _status(settings, runtime, loaded)
     if booted is None:
         assert isinstance(wake, WakeReceiver)
-        return serve_worker(loaded.engine, runtime.broadcaster, wake, mine.model_dump())
-    assert wake is None or isinstance(wake, WakeSender)
-    return serve_leader(settings, runtime, booted, loaded, mine, wake, ready_reports)
+        code = serve_worker(loaded.engine, runtime.broadcaster, wake, mine.model_dump())
+    else:
+        assert wake is None or isinstance(wake, WakeSender)
+        code = serve_leader(settings, runtime, booted, loaded, mine, wake, ready_reports)
+    loaded.engine.prefix.close()  # the last turn's queued saves reach the disk
+    return code
 
 
 def _load(

@@ -16,6 +16,9 @@ changed model, split or KV_CACHE_BITS never reads another's entries.
   layout) is dropped on every rank and rank 0 prefills those tokens instead. Nothing is
   ever served from a wrong entry.
 - A disk that is read-only or full is said once in the log; saves stop, serving goes on.
+- A clean stop finishes the saves still queued (a bounded wait, `close`): a turn answered
+  just before `./launch.sh restart` is on every rank's disk after it. A save cut off
+  (killed) leaves only a temporary file, which the next start removes.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ from safetensors.numpy import save_file
 log = logging.getLogger("ring.prefix")
 FORMAT = 1  # bump when the file layout changes: older directories are never read
 STALE_DAYS = 7  # directories of other models or splits unused this long are removed
+CLOSE_SECONDS = 8.0  # a stop's wait for queued saves: the supervisor signals the ranks 10 s
+# after its shutdown message (a 12K-token turn of a 70B model is about a GB per rank: seconds)
 LayerKV = tuple[Any, Any]  # as engine/prefix_store.py keeps them
+_Write = tuple[int, dict[str, np.ndarray], dict[str, str]]  # key, host arrays, metadata
 
 
 def token_key(tokens: Sequence[int]) -> int:
@@ -85,7 +91,7 @@ class DiskTier:
     def __init__(self, directory: Path, vote: Callable[[list[int]], list[int]]) -> None:
         self.directory = directory
         self._vote = vote  # all_sum of per-load failures over the ranks
-        self._writes: queue.Queue[tuple[int, dict[str, np.ndarray], dict[str, str]]] = queue.Queue()
+        self._writes: queue.Queue[_Write | None] = queue.Queue()  # None: stop
         self.broken: str | None = None  # why saves stopped
         self._writer = threading.Thread(target=self._write_loop, name="prefix-disk", daemon=True)
         self._writer.start()
@@ -103,6 +109,8 @@ class DiskTier:
             probe = directory / ".write-test"
             probe.write_bytes(b"ok")
             probe.unlink()
+            for partial in directory.glob("*.partial"):  # a save cut off by a kill
+                partial.unlink()
             os.utime(root / layout)  # in use: not stale for the other layouts' ranks
             _remove_stale(root, layout)
         except OSError as exc:
@@ -128,7 +136,11 @@ class DiskTier:
 
     def _write_loop(self) -> None:
         while True:
-            key, arrays, meta = self._writes.get()
+            write = self._writes.get()
+            if write is None:  # close(): every write before it is done
+                self._writes.task_done()
+                return
+            key, arrays, meta = write
             target = self.path(key)
             partial = target.with_suffix(".partial")
             try:
@@ -144,8 +156,24 @@ class DiskTier:
                 self._writes.task_done()
 
     def flush(self) -> None:
-        """Wait for the writes queued so far (tests, shutdown)."""
+        """Wait for the writes queued so far (tests)."""
         self._writes.join()
+
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
+        """Finish the writes queued so far, waiting at most `timeout` seconds (a clean
+        stop); no save is taken after it. The writer is a daemon thread: without this a
+        stop cut the last turn's save on whichever rank left first."""
+        pending = self._writes.unfinished_tasks
+        if pending:
+            log.info("prefix cache on disk: finishing %d queued save(s) before stopping", pending)
+        self.broken = self.broken or "stopped"
+        self._writes.put(None)
+        self._writer.join(timeout)
+        if self._writer.is_alive():
+            log.warning(
+                "prefix cache on disk: saves still queued after %.0f s; stopping without them",
+                timeout,
+            )
 
     # ---- loads (every rank together) -----------------------------------------------
 

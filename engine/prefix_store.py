@@ -130,6 +130,11 @@ class PrefixStore:
         for key in drops:
             self.disk.drop(key)
 
+    def close(self) -> None:
+        """A clean stop: the disk tier finishes its queued saves."""
+        if self.disk is not None:
+            self.disk.close()
+
     def drop(self, entry: int) -> None:
         layers = self.entries.pop(entry, None)
         if layers is not None:

@@ -5,6 +5,7 @@ restart that prefills only what is new and answers as before."""
 from __future__ import annotations
 
 import logging
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -69,6 +70,40 @@ def test_an_entry_round_trips_exactly(tmp_path, kind: str) -> None:
     (loaded,) = tier.load_all([(42, 5)])
     assert loaded is not None
     _equal(loaded, layers)
+
+
+def test_a_stop_finishes_the_queued_saves_and_a_start_clears_a_cut_one(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    import engine.prefix_disk as prefix_disk
+
+    written = prefix_disk.save_file
+
+    def slow(*args, **kwargs) -> None:
+        time.sleep(0.05)
+        written(*args, **kwargs)
+
+    monkeypatch.setattr(prefix_disk, "save_file", slow)
+    tier = DiskTier.open(tmp_path, "layout", 0, alone)
+    for key in range(8):
+        tier.save(key, _layers(), 5)
+    with caplog.at_level(logging.INFO, logger="ring.prefix"):
+        tier.close()
+    assert all(tier.path(key).exists() for key in range(8))
+    assert "finishing" in caplog.text and "queued save(s)" in caplog.text
+    tier.save(9, _layers(), 5)  # no save after a stop
+    assert not tier.path(9).exists()
+
+    cut = DiskTier.open(tmp_path, "layout", 0, alone)
+    for key in range(10, 18):
+        cut.save(key, _layers(), 5)
+    with caplog.at_level(logging.WARNING, logger="ring.prefix"):
+        cut.close(timeout=0.01)  # a stop that cannot wait for them all
+    assert "stopping without them" in caplog.text
+    cut.flush()  # (its writer goes on: let it end before the next start)
+    (tmp_path / "layout" / "rank-0" / "00000000000000ff.partial").write_bytes(b"cut")
+    DiskTier.open(tmp_path, "layout", 0, alone)
+    assert not list((tmp_path / "layout" / "rank-0").glob("*.partial"))
 
 
 def test_damaged_missing_or_foreign_entries_are_never_served(tmp_path, caplog) -> None:
