@@ -26,7 +26,7 @@ from launcher.auto_split import kept
 from launcher.command import launch_sh_argv
 from launcher.hostfile import build_hosts, free_port_run, render
 from launcher.paths import Paths
-from launcher.quiet import quiet_launcher, write_byte
+from launcher.quiet import Wait, quiet_launcher, write_byte
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # our log format: `date time host role LEVEL message` (config/logging_setup.py)
@@ -99,11 +99,12 @@ class RankJob:
     def socket_exists(self) -> bool:
         return self.socket_path.exists()
 
-    def quiet(self) -> str | None:
-        """Stop mlx.launch's busy loop (launcher/quiet.py); the line that tells how it went."""
+    def quiet(self, wait: Wait) -> str | None:
+        """Stop mlx.launch's busy loop (launcher/quiet.py); the line that tells how it went.
+        `wait(seconds)` passes the check's seconds (the supervisor's watches the job)."""
         if self._stdin_write is None or self.ended():
             return None
-        return quiet_launcher(self.nudge, self.pid)
+        return quiet_launcher(self.nudge, self.pid, wait)
 
     def nudge(self) -> bool:
         """One byte on mlx.launch's stdin, at once and unchecked (quiet() checks); False

@@ -21,18 +21,22 @@ from ipc.processes import cpu_seconds
 SPINNING = 20  # % of one core above which mlx.launch is still busy-looping
 
 
-def cpu_percent(pid: int, seconds: float) -> int | None:
-    """Whole-process CPU over `seconds` as % of one core; None where the process is gone
-    (or where the system cannot tell: the supervisor goes on without this check)."""
+Wait = Callable[[float], None]
+
+
+def cpu_percent(pid: int, seconds: float, wait: Wait = time.sleep) -> int | None:
+    """Whole-process CPU over about `seconds` (`wait` may return sooner) as % of one core;
+    None where the process is gone (or where the system cannot tell: the supervisor goes
+    on without this check)."""
     try:
-        before = cpu_seconds(pid)
-        time.sleep(seconds)
-        after = cpu_seconds(pid)
+        start, before = time.monotonic(), cpu_seconds(pid)
+        wait(seconds)
+        after, elapsed = cpu_seconds(pid), time.monotonic() - start
     except OSError:
         return None
     if before is None or after is None:
         return None
-    return int((after - before) * 100 / max(1, round(seconds)))
+    return int((after - before) * 100 / max(elapsed, 0.1))
 
 
 def write_byte(fd: int) -> bool:
@@ -44,15 +48,16 @@ def write_byte(fd: int) -> bool:
     return True
 
 
-def quiet_launcher(nudge: Callable[[], bool], pid: int) -> str | None:
+def quiet_launcher(nudge: Callable[[], bool], pid: int, wait: Wait = time.sleep) -> str | None:
     """Nudge until mlx.launch stops spinning. Returns the line that says so (or warns),
-    None where there is nothing to tell (mlx.launch is gone, or its CPU cannot be read)."""
-    before = cpu_percent(pid, 1)
+    None where there is nothing to tell (mlx.launch is gone, or its CPU cannot be read).
+    `wait`: how to pass a second (the supervisor's goes on watching the job)."""
+    before = cpu_percent(pid, 1, wait)
     cpu = None
     for _ in range(3):
-        if not nudge():
+        if before is None or not nudge():
             return None
-        cpu = cpu_percent(pid, 1)
+        cpu = cpu_percent(pid, 1, wait)
         if cpu is None:
             return None
         if cpu < SPINNING:

@@ -193,7 +193,7 @@ class Supervisor:
         self._set_phase("running")
         note = self.state.degraded_note()
         log.info("the ranks are ready (%d rank(s))%s", job.world, f"; {note}" if note else "")
-        line = job.quiet()
+        line = job.quiet(lambda seconds: self._wait_unless_ended(job, seconds))
         if line:
             self.progress.say(f"    {line}")
             log.info("%s", line)
@@ -202,6 +202,15 @@ class Supervisor:
         elif not self.keeper.confirmed:
             self.keeper.confirm()  # started early, to show a model transfer
         self.progress.ready()
+
+    def _wait_unless_ended(self, job: RankJob, seconds: float) -> None:
+        """`seconds` of tending api.py, cut short by the job's end or a stop: the checks
+        between ready and the watch (mlx.launch's quiet check, 2-4 s) took no notice of a
+        job that ended meanwhile, and a client's stream went on for 5 s after mlx.launch
+        was killed (CI, test_chaos)."""
+        deadline = time.monotonic() + seconds
+        while not (job.ended() or self.stopping) and (left := deadline - time.monotonic()) > 0:
+            self._pump(left)
 
     def _watch(self, job: RankJob) -> Ended | None:
         """Block until the job ends (its reason) or a stop (None)."""

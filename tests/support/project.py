@@ -65,7 +65,7 @@ def ours(root: Path) -> list[str]:
 
 def copy_project(root: Path, env: str) -> Project:
     """A copy of the working tree at `root` sharing the .venv, with `env` as .env plus a
-    free API_PORT."""
+    free API_PORT and, unless `env` names one, a PREFIX_CACHE_DIR of its own."""
     root.mkdir()
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
@@ -82,5 +82,8 @@ def copy_project(root: Path, env: str) -> Project:
             target.chmod(source.stat().st_mode)
     (root / ".venv").symlink_to((PROJECT_DIR / ".venv").resolve())
     port = free_port()
+    if "PREFIX_CACHE_DIR=" not in env:  # not the user's ~/.cache/mlx-ring, which every
+        # copy shared: 275 entries of earlier runs' tiny models were loaded there at start
+        env = f"PREFIX_CACHE_DIR={root / 'prefix-cache'}\n{env}"
     (root / ".env").write_text(f"API_PORT={port}\n{env}")
     return Project(root, port)
