@@ -103,6 +103,14 @@ def _default_link(settings: Settings) -> Link:
     return link_named("jaccl" if settings.distributed_backend == "jaccl" else "ring-thunderbolt")
 
 
+def _ranks_threads(ranks: int, threads: int) -> str:
+    """'1 rank with 2 threads', '2 ranks with 1 thread each'."""
+    plural = "s" if threads > 1 else ""
+    if ranks == 1:
+        return f"1 rank with {threads} thread{plural}"
+    return f"{ranks} ranks with {threads} thread{plural} each"
+
+
 def site(
     settings: Settings,
     model_dir: Path,
@@ -121,12 +129,14 @@ def site(
     if not settings.remote_mode:
         by_ranks: dict[int, list[Machine]] = {}
         measured: dict[int, Machine] = {}
+        how: list[str] = []
         for ranks in range(1, len(hosts) + 1):
             threads = int(cpu_layer.threads(ranks, {}).get("OPENBLAS_NUM_THREADS", cores))
             if threads not in measured:
                 measured[threads] = probe_here(model_dir, threads)
             by_ranks[ranks] = [measured[threads]] * ranks
-        lines.insert(0, f"this machine measured now ({', '.join(map(str, measured))} threads)")
+            how.append(_ranks_threads(ranks, threads))
+        lines.insert(0, f"this machine measured now, as its ranks would run: {', '.join(how)}")
         return Site(hosts, by_ranks[len(hosts)], chosen, lines, by_ranks)
     here = probe_here(model_dir, cores)
     machines = [here]

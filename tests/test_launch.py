@@ -95,7 +95,11 @@ def test_plan_shows_the_split_and_memory_and_refuses_a_rank_that_does_not_fit(
         assert re.search(rf"^  {re.escape(split)} +\d+\.\d t/s +\d+\.\d t/s", done.stdout, re.M), (
             split
         )
-    assert "this machine measured now (2, 1 threads)" in done.stdout or os.cpu_count() != 2
+    assert (
+        "measured now, as its ranks would run: 1 rank with 2 threads, 2 ranks with 1 thread each"
+        in done.stdout
+        or os.cpu_count() != 2
+    )
     # Macs described by hand: Apple's figures, no probe; an unknown chip is named
     macs = ["--host", "M4 Pro:64GB", "--host", "M4 Pro:64GB", "--link", "jaccl"]
     done = project.launch("plan", *macs, env={"MODEL": str(moe)})
