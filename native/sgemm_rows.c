@@ -12,7 +12,13 @@ transposed-B call) runs dot_rows: each weight row is read once, as a stream, and
 with every activation row, the output columns split among this library's threads. Against
 a weight stored [in, out] (x @ W: the output head) one row goes to OpenBLAS's sgemv, whose
 kernel reads that layout as fast, and 2 to ROWS rows run panel_rows, which reads the weight
-once for all of them (OpenBLAS's sgemm or one sgemv a row read it once a row). A speculative
+once for all of them (OpenBLAS's sgemm or one sgemv a row read it once a row), where it has
+PANEL_COLUMNS columns or more: a narrower one goes to OpenBLAS's sgemm, as attention's
+weights @ values does (a few rows against [context, 64] per KV head, every layer of every
+decode step), which panel_rows took 3-10x OpenBLAS's time over (its per-row setup spans the
+whole depth, whatever the width: 39 against 13 us at 3 rows x 600 x 64, 191 against 18 at
+12 rows; 74 against 59 at 2 x 576 x 576; it led from 1,536 columns, 160 against 322 us at
+2 rows; docs/BENCHMARKS.md, "Figures behind the code"). A speculative
 step (a row's next token and its proposals) is such a product: its rows took less time
 than OpenBLAS's on a 49152 x 576 head [in, out], and far less than their number times one
 row's on a 1536 x 576 layer [out, in] (docs/BENCHMARKS.md, "Figures behind the code").
@@ -42,7 +48,7 @@ with a message that says so (it could not be computed).
 #include <unistd.h>
 
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
-enum { ROWS = 16, SGEMV_ROWS = 4, MAX_THREADS = 16 };
+enum { ROWS = 16, SGEMV_ROWS = 4, MAX_THREADS = 16, PANEL_COLUMNS = 1024 };
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
                          const float *, int, float, float *, int);
@@ -353,8 +359,11 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
   }
   if (a_plain && trans_b != NO_TRANS) {
     rows_product(dot_rows, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else if (a_plain && m > 1) { /* B is [k, n] */
+  } else if (a_plain && m > 1 && n >= PANEL_COLUMNS) { /* B is [k, n], wide: the head */
     rows_product(panel_rows, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else if (a_plain && m > 1) { /* B is [k, n], narrow: attention's weights @ values */
+    sgemm_after()(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
   } else if (m <= SGEMV_ROWS && next_sgemv != 0) { /* a row of op(A): contiguous when plain */
     for (int i = 0; i < m; i++) {
       const float *x = a_plain ? a + (long)i * lda : a + i;
