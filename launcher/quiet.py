@@ -53,9 +53,11 @@ def quiet_launcher(nudge: Callable[[], bool], pid: int, wait: Wait = time.sleep)
     None where there is nothing to tell (mlx.launch is gone, or its CPU cannot be read).
     `wait`: how to pass a second (the supervisor's goes on watching the job)."""
     before = cpu_percent(pid, 1, wait)
+    if before is None:
+        return None
     cpu = None
     for _ in range(3):
-        if before is None or not nudge():
+        if not nudge():
             return None
         cpu = cpu_percent(pid, 1, wait)
         if cpu is None:
