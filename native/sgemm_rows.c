@@ -67,14 +67,23 @@ unsigned long mlx_ring_sgemm_rows_calls, mlx_ring_sgemm_rows_helped;
 /* One vector register's floats, and the rows of A a block takes: 2 x BLOCK accumulators, two
    weight vectors and one row's vector stay in the registers (16 on AVX2, 32 on AVX-512).
    With 16-float vectors on AVX2 (two registers each) 5 rows spilled, and a product of 5
-   rows cost several times one row (docs/BENCHMARKS.md, "Figures behind the code"). */
+   rows cost several times one row. On AVX-512 a block takes 12 rows (26 registers), so a speculative step of 9 positions reads
+   each weight once: with blocks of 8 it read them twice, and 9 rows cost 1.2-1.45x 8
+   (docs/BENCHMARKS.md, "Figures behind the code"). */
 #if defined(__AVX512F__)
 typedef float vec __attribute__((vector_size(64), aligned(4)));
-enum { LANES = 16, BLOCK = 8 };
+enum { LANES = 16, BLOCK = 12 };
 #else
 typedef float vec __attribute__((vector_size(32), aligned(4)));
 enum { LANES = 8, BLOCK = 6 };
 #endif
+/* The weight rows a block asks the memory for before it reads them: the hardware's
+   prefetcher alone let a product of several rows wait on memory between its bursts of
+   arithmetic (one core, 1536 x 576 weights past the caches: 5 rows 500 us, 8 rows 600,
+   where 1 row streams them in 260; with these hints 260 and 330). Into L2 (T1): into L1
+   read slower. */
+enum { DOT_AHEAD = 6, PANEL_AHEAD = 4 };
+#define FETCH(address) __builtin_prefetch((address), 0, 2)
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
 static inline __attribute__((always_inline)) float lanes_sum(vec v) {
@@ -99,6 +108,10 @@ static inline __attribute__((always_inline)) void dot_block(
     int t = 0;
     for (; t + LANES <= k; t += LANES) {
       vec w0 = *(const vec *)(b0 + t), w1 = *(const vec *)(b1 + t);
+      if (n + DOT_AHEAD + 1 < n1) {
+        FETCH(b0 + (long)DOT_AHEAD * ldb + t);
+        FETCH(b0 + (long)(DOT_AHEAD + 1) * ldb + t);
+      }
       for (int i = 0; i < M; i++) {
         vec x = *(const vec *)(a + (long)i * lda + t);
         acc0[i] += x * w0;
@@ -142,6 +155,8 @@ static inline __attribute__((always_inline)) void panel_block(
     for (; n + LANES <= n1; n += LANES) {
       vec v0 = *(const vec *)(w[0] + n), v1 = *(const vec *)(w[1] + n);
       vec v2 = *(const vec *)(w[2] + n), v3 = *(const vec *)(w[3] + n);
+      if (t + PANEL_AHEAD + 3 < k)
+        for (int j = 0; j < 4; j++) FETCH(w[j] + (long)PANEL_AHEAD * ldb + n);
       for (int i = 0; i < M; i++) {
         vec *y = (vec *)(c + (long)i * ldc + n);
         *y += (x[i][0] * v0 + x[i][1] * v1) + (x[i][2] * v2 + x[i][3] * v3);
@@ -167,6 +182,7 @@ static inline __attribute__((always_inline)) void in_blocks(
     break;
       ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
       ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+      ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
 #undef ROWS_CASE
     }
   }
