@@ -36,6 +36,7 @@ from mlx_lm.models.cache import BatchKVCache
 
 from distributed.head_positions import computing
 from distributed.overhead import MAX_TRACES
+from engine.cpu_attention import compiled_step
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,8 @@ class CompiledDecode:
         buffers = [array for cache in caches for array in (cache.keys, cache.values)]
         position = mx.array([first._idx])
         try:
-            with computing(width):  # read while tracing; each width is its own trace
+            # read while tracing; each width is its own trace
+            with computing(width), compiled_step():
                 logits, *updated = compiled(
                     tokens, position, first.offset, first.left_padding, *buffers
                 )

@@ -67,9 +67,9 @@ unsigned long mlx_ring_sgemm_rows_calls, mlx_ring_sgemm_rows_helped;
 /* One vector register's floats, and the rows of A a block takes: 2 x BLOCK accumulators, two
    weight vectors and one row's vector stay in the registers (16 on AVX2, 32 on AVX-512).
    With 16-float vectors on AVX2 (two registers each) 5 rows spilled, and a product of 5
-   rows cost several times one row. On AVX-512 a block takes 12 rows (26 registers), so a speculative step of 9 positions reads
-   each weight once: with blocks of 8 it read them twice, and 9 rows cost 1.2-1.45x 8
-   (docs/BENCHMARKS.md, "Figures behind the code"). */
+   rows cost several times one row. On AVX-512 a block takes 12 rows (26 registers), so a
+   speculative step of 9 positions reads each weight once: with blocks of 8 it read them
+   twice, and 9 rows cost 1.2-1.45x 8 (docs/BENCHMARKS.md, "Figures behind the code"). */
 #if defined(__AVX512F__)
 typedef float vec __attribute__((vector_size(64), aligned(4)));
 enum { LANES = 16, BLOCK = 12 };

@@ -50,6 +50,35 @@ def test_every_mask_kind_matches_mlx(shape: tuple[int, ...]) -> None:
         assert mx.abs(ours - theirs).max().item() < 1e-5, name
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_a_compiled_step_s_exponential_matches_mlx_too(shape: tuple[int, ...]) -> None:
+    """Traced inside `compiled_step` (as engine/compiled_decode.py traces a step), the
+    softmax's exponential is exp2; the result stays MLX's, for every mask kind."""
+    batch, heads, kv_heads, n, length, dims, value_dims = shape
+    mx.random.seed(3)
+    q = mx.random.normal((batch, heads, n, dims))
+    k = mx.random.normal((batch, kv_heads, length, dims))
+    v = mx.random.normal((batch, kv_heads, length, value_dims))
+    for name, mask in _masks(batch, n, length).items():
+
+        def attend(q: mx.array, k: mx.array, v: mx.array, mask: object = mask) -> mx.array:
+            return grouped_attention(q, k, v, scale=dims**-0.5, mask=mask)  # type: ignore[arg-type]
+
+        with cpu_attention.compiled_step():
+            ours = mx.compile(attend)(q, k, v)
+        theirs = _mlx_attention(q, k, v, scale=dims**-0.5, mask=mask)
+        assert mx.abs(ours - theirs).max().item() < 1e-5, name
+
+
+def test_exp2_is_as_accurate_as_powf_and_zero_past_float32_s_range() -> None:
+    x = mx.concatenate([mx.linspace(-126, 0, 100_001), mx.random.uniform(-20, 0, (10_000,))])
+    ours, powf = cpu_attention.exp2(x), mx.power(2.0, x)
+    assert (mx.abs(ours - powf) / powf).max().item() < 1e-6
+    lowest = mx.array([-127.0, -1000.0, mx.finfo(mx.float32).min])
+    assert cpu_attention.exp2(lowest).tolist() == [0.0, 0.0, 0.0]
+    assert cpu_attention.exp2(mx.array([0.0, -1.0, -126.0])).tolist() == [1.0, 0.5, 2.0**-126]
+
+
 @pytest.mark.parametrize("shape", SHAPES[1:], ids=[str(s) for s in SHAPES[1:]])
 def test_a_long_chunk_taken_in_blocks_of_rows_gives_the_same(
     shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
