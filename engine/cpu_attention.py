@@ -31,7 +31,7 @@ LOG2E = 1.4426950408889634
 # 1.5 * 2^23: a float32 sum with it keeps x rounded to an integer in its mantissa's low bits
 ROUNDER = 12582912.0
 # 2^f = e^(f ln 2) for f in [-1/2, 1/2]: the Taylor terms (ln 2)^k / k! to the 6th, whose
-# remainder (0.35^7 / 7!) lies under float32's rounding
+# remainder (0.35^7 / 7!, 1.2e-7) is about float32's rounding
 EXP2_TERMS = tuple(math.log(2) ** k / math.factorial(k) for k in range(7))
 # Scores one block of query rows holds (per batch row, all heads). A 2,048-token chunk
 # against a long cache would otherwise hold 2048 x L x heads float32 scores a layer; a long
@@ -118,13 +118,13 @@ def compiled_step() -> Iterator[None]:
 
 
 def exp2(x: mx.array) -> mx.array:
-    """2^x for float32 x <= 0 (a softmax's shifted scores), as accurate as mx.power (3.7e-6
-    relative over the scores' range, the same as it); 0 below about -126.5, where float32's
-    normal numbers end. 2^x = 2^i 2^f with i = round(x): a polynomial gives 2^f, and 2^i is a float
-    whose exponent bits are i + 127. Compiled (a decode step), it is one loop of arithmetic:
-    a step of 9 positions' softmax over 30 layers at a 600-token context took 21 ms through
-    mx.power, which MLX's CPU backend runs as a call to the C library's powf per score
-    (mx.exp took 30), and 4-8 ms so (docs/BENCHMARKS.md, "Figures behind the code")."""
+    """2^x for float32 x <= 0 (a softmax's shifted scores), as accurate as mx.power (within
+    3e-7 of the exact value, relative); 0 below about -126.5, where float32's normal numbers
+    end. 2^x = 2^i 2^f with i = round(x): a polynomial gives 2^f, and 2^i is the float whose
+    exponent bits are i + 127. Compiled, it is a few loops of arithmetic: the exponential over
+    a 9-position step's scores (30 layers at a 600-token context) took 10-20 ms through
+    mx.power, which MLX's compiled CPU loop runs as a call to the C library's powf per
+    score, 30 through mx.exp, and 4.3 so (docs/BENCHMARKS.md, "Figures behind the code")."""
     x = mx.maximum(x, -127.0)
     whole = (x + ROUNDER) - ROUNDER
     f = x - whole
