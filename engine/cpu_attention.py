@@ -141,7 +141,10 @@ def exp2(x: mx.array) -> mx.array:
 def _apply(scores: mx.array, mask: mx.array) -> mx.array:
     if mask.dtype == mx.bool_:
         return mx.where(mask, scores, mx.finfo(mx.float32).min)
-    return scores + mask.astype(mx.float32) * LOG2E
+    # in log2 units too; float32's lowest (a padded position's mask) must not become -inf,
+    # or a row with nothing visible would turn into NaN
+    lowest = mx.finfo(mx.float32).min
+    return scores + mx.maximum(mask.astype(mx.float32) * LOG2E, lowest)
 
 
 def on_cpu_backend() -> bool:

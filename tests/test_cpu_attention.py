@@ -90,13 +90,26 @@ def test_a_long_chunk_taken_in_blocks_of_rows_gives_the_same(
             assert mx.abs(blocked - whole[name]).max().item() < 1e-5, (rows, name)
 
 
-def test_a_row_with_nothing_visible_stays_finite() -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_row_with_nothing_visible_stays_finite(compiled: bool) -> None:
     """A left-padded query position may see no key at all; it must not become NaN (its
-    output feeds the next layer's keys at that position, masked but multiplied)."""
+    output feeds the next layer's keys at that position, masked but multiplied), whether
+    the mask is boolean or additive with float32's lowest value (as mlx-lm's MLA families
+    pass it) or -inf."""
     q, k, v = mx.ones((1, 2, 2, 4)), mx.ones((1, 1, 3, 4)), mx.ones((1, 1, 3, 4))
-    mask = mx.array([[False, False, False], [True, True, False]])
-    out = grouped_attention(q, k, v, scale=0.5, mask=mask)
-    assert mx.isfinite(out).all().item()
+    visible = mx.array([[False, False, False], [True, True, False]])
+    lowest = mx.finfo(mx.float32).min
+    for mask in (visible, mx.where(visible, 0.0, lowest), mx.where(visible, 0.0, -mx.inf)):
+
+        def attend(q: mx.array, k: mx.array, v: mx.array, mask: mx.array = mask) -> mx.array:
+            return grouped_attention(q, k, v, scale=0.5, mask=mask)
+
+        if compiled:
+            with cpu_attention.compiled_step():
+                out = mx.compile(attend)(q, k, v)
+        else:
+            out = attend(q, k, v)
+        assert mx.isfinite(out).all().item(), mask
 
 
 def test_an_unknown_mask_name_is_refused() -> None:
