@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 
 LOG2E = 1.4426950408889634
+LOWEST = float(mx.finfo(mx.float32).min)  # a masked score
 # 1.5 * 2^23: a float32 sum with it keeps x rounded to an integer in its mantissa's low bits
 ROUNDER = 12582912.0
 # 2^f = e^(f ln 2) for f in [-1/2, 1/2]: the Taylor terms (ln 2)^k / k! to the 6th, whose
@@ -94,7 +95,7 @@ def _attend(
         visible = mx.arange(length - n, length)[:, None] >= mx.arange(length)[None]
         scores = _apply(scores, mx.tile(visible, (group, 1)))
     elif mask is not None:
-        full = mx.broadcast_to(mask, (batch, heads, n, length))
+        full = mx.broadcast_to(_in_log2_units(mask), (batch, heads, n, length))
         scores = _apply(scores, full.reshape(batch, kv_heads, group * n, length))
     shifted = scores - scores.max(axis=-1, keepdims=True)
     weights = exp2(shifted) if _compiling else mx.power(2.0, shifted)
@@ -138,13 +139,20 @@ def exp2(x: mx.array) -> mx.array:
     return power * mx.view(exponent, mx.float32)
 
 
-def _apply(scores: mx.array, mask: mx.array) -> mx.array:
+def _in_log2_units(mask: mx.array) -> mx.array:
+    """A boolean mask as it is; an additive one scaled as the scores are, before it is
+    broadcast over the heads. Its float32 lowest (a padded position's) must not become
+    -inf, or a row with nothing visible would turn into NaN."""
     if mask.dtype == mx.bool_:
-        return mx.where(mask, scores, mx.finfo(mx.float32).min)
-    # in log2 units too; float32's lowest (a padded position's mask) must not become -inf,
-    # or a row with nothing visible would turn into NaN
-    lowest = mx.finfo(mx.float32).min
-    return scores + mx.maximum(mask.astype(mx.float32) * LOG2E, lowest)
+        return mask
+    return mx.maximum(mask.astype(mx.float32) * LOG2E, LOWEST)
+
+
+def _apply(scores: mx.array, mask: mx.array) -> mx.array:
+    """`mask` boolean, or additive in log2 units."""
+    if mask.dtype == mx.bool_:
+        return mx.where(mask, scores, LOWEST)
+    return scores + mask
 
 
 def on_cpu_backend() -> bool:

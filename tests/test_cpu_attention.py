@@ -3,6 +3,7 @@ head layout and mask kind, and for every family's tiny model, prompt and batched
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -36,11 +37,19 @@ def _masks(batch: int, n: int, length: int) -> dict[str, object]:
     }
 
 
+def _run(attend: Callable[..., mx.array], compiled: bool, *arrays: mx.array) -> mx.array:
+    """`attend` eagerly, or traced inside `compiled_step` as engine/compiled_decode.py
+    traces a step (where the softmax's exponential is exp2)."""
+    if not compiled:
+        return attend(*arrays)
+    with cpu_attention.compiled_step():
+        return mx.compile(attend)(*arrays)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
 def test_every_mask_kind_matches_mlx(shape: tuple[int, ...], compiled: bool) -> None:
-    """Eagerly, and traced inside `compiled_step` as engine/compiled_decode.py traces a
-    step (where the softmax's exponential is exp2)."""
+    """Eagerly and compiled (`_run`)."""
     batch, heads, kv_heads, n, length, dims, value_dims = shape
     mx.random.seed(1)
     q = mx.random.normal((batch, heads, n, dims))
@@ -51,11 +60,7 @@ def test_every_mask_kind_matches_mlx(shape: tuple[int, ...], compiled: bool) -> 
         def attend(q: mx.array, k: mx.array, v: mx.array, mask: object = mask) -> mx.array:
             return grouped_attention(q, k, v, scale=dims**-0.5, mask=mask)  # type: ignore[arg-type]
 
-        if compiled:
-            with cpu_attention.compiled_step():
-                ours = mx.compile(attend)(q, k, v)
-        else:
-            ours = attend(q, k, v)
+        ours = _run(attend, compiled, q, k, v)
         theirs = _mlx_attention(q, k, v, scale=dims**-0.5, mask=mask)
         assert ours.shape == theirs.shape
         assert mx.abs(ours - theirs).max().item() < 1e-5, name
@@ -104,11 +109,7 @@ def test_a_row_with_nothing_visible_stays_finite(compiled: bool) -> None:
         def attend(q: mx.array, k: mx.array, v: mx.array, mask: mx.array = mask) -> mx.array:
             return grouped_attention(q, k, v, scale=0.5, mask=mask)
 
-        if compiled:
-            with cpu_attention.compiled_step():
-                out = mx.compile(attend)(q, k, v)
-        else:
-            out = attend(q, k, v)
+        out = _run(attend, compiled, q, k, v)
         assert mx.isfinite(out).all().item(), mask
 
 
