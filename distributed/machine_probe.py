@@ -12,6 +12,8 @@ measure the rate they will get together.
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
 import mlx.core as mx
@@ -21,8 +23,6 @@ from mlx_lm.models.switch_layers import SwitchGLU
 from distributed.chips import this_chip
 from distributed.hosts import largest_cache_bytes, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
-from distributed.probe_timing import CROWDED_SAMPLE_MS, LONG_PASS_MS, REPEATS, median_ms
-from distributed.row_probe import decode_row_work, prefill_row_work
 from distributed.speed_records import known_chip
 from distributed.step_model import Machine
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
@@ -38,6 +38,12 @@ PREFILL_ROWS = 128
 CPU_PROBE_BYTES = 96 * 2**20
 GPU_PROBE_BYTES = 512 * 2**20
 MIN_PROBE_BYTES = 2 * 2**20
+REPEATS = 5
+# A pass this long is timed three times, not REPEATS, and without the shorter pass that
+# takes an evaluation's fixed cost off (0.2 ms here for a layer's seven products, small
+# ones included: 1% of such a pass). Past a 260 MB cache the probe took 4.9 s with both
+# (3.4 without), twice a start: a 2-rank start took 43 s against 30 with 96 MB (33 now).
+LONG_PASS_MS = 20.0
 # The prefill's attention probe: a causal chunk of this many rows against itself, as a
 # prompt's first chunk runs (the CPU kernel takes it in blocks of rows, each against the
 # keys up to its last row, and masks the rest). Counted as the step-time model counts it,
@@ -47,6 +53,14 @@ MIN_PROBE_BYTES = 2 * 2**20
 # prefill's attention 71 ms a layer where it took 125 (the dense prefills' +6% to +32%).
 ATTENTION_CHUNK = 512
 DECODE_CONTEXT = 2048  # keys a decode probe's rows read
+ROW_ELEMENTS = 2**20  # the row work's probe: rows of its widest vector, up to this many
+# Where a host's ranks outnumber its cores, each sample of a probe runs its pass again
+# until this long has passed: a pass of a few ms either ran whole or waited out another
+# rank's turn of the scheduler, so their median read either (3 ranks on the Xeon host's 2
+# cores, nine starts: attention 8.4-17.9 GFLOP/s, the products at a prefill's rows 53-118,
+# one row 5.7-11.7 GB/s), and the 3-rank pipeline's prefill was predicted -6% to -35%;
+# with these samples, six starts: attention 8.8-13.0, the pipeline's prefill -1% to -17%
+CROWDED_SAMPLE_MS = 60.0
 
 
 def _layer_shapes(shape: ModelShape) -> list[tuple[int, int]]:
@@ -109,6 +123,27 @@ class _Weights:
             mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
 
         return median_ms(run, repeats, 3 * LONG_PASS_MS, self.floor_ms)
+
+
+def median_ms(run: Any, repeats: int, enough_ms: float = 0.0, floor_ms: float = 0.0) -> float:
+    """The median ms of a run over `repeats` timed samples after one untimed run; three do
+    where they took `enough_ms` together (never for a collective: every rank must run it
+    alike). With `floor_ms`, a sample runs `run` again until that long has passed and
+    counts its mean (three samples): see CROWDED_SAMPLE_MS."""
+    run()
+    times: list[float] = []
+    for _ in range(repeats):
+        started, runs = time.perf_counter(), 0
+        while True:
+            run()
+            runs += 1
+            took = (time.perf_counter() - started) * 1e3
+            if took >= floor_ms:
+                break
+        times.append(took / runs)
+        if len(times) >= 3 and (floor_ms or (enough_ms and sum(times) >= enough_ms)):
+            break
+    return statistics.median(times)
 
 
 def _slope(full: _Weights, rows: int, part: int) -> float:
@@ -180,6 +215,49 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int, floor_ms: float) -
     return 2 * 3 * tokens * picks * hidden * columns / median_ms(run, REPEATS, floor_ms=floor_ms)
 
 
+def _row_work(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> float:
+    """Ms a row and layer of a prefill's work beside its products and attention: the two
+    norms and residual sums over the hidden size, the queries, keys and values into heads
+    with their rotation, and the dense MLP's activation over its columns (a MoE layer's
+    routed experts' is in their probe; its shared experts' is counted), on ROW_ELEMENTS'
+    worth of rows (at most ATTENTION_CHUNK). The default model's layer on 128 to 1,440
+    rows, less its products at the probe's rate and its attention timed alone, left
+    0.037-0.041 ms a row on the Xeon host; this work takes 0.037-0.040 there (the
+    activation 0.030 of it); the bench's MoE model's 0.0065-0.0074, where its prefill
+    left 0.004-0.014."""
+    hidden, heads, kv_heads, dim = (
+        shape.hidden_size, shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
+    )  # fmt: skip
+    dense, shared = shape.dense_layer_count, shape.moe_layers
+    mlp = (dense * shape.intermediate_size + shared * shape.shared_size) // max(1, shape.num_layers)
+    widest = max(hidden, heads * dim, mlp)
+    rows = max(1, min(ATTENTION_CHUNK, ROW_ELEMENTS // widest))
+    x = mx.full((1, rows, hidden), 0.5, dtype=dtype)
+    norm = mx.ones((hidden,), dtype=dtype)
+    q = mx.full((1, rows, heads * dim), 0.1, dtype=dtype)
+    kv = mx.full((1, rows, kv_heads * dim), 0.1, dtype=dtype)
+    gate, up = (mx.full((1, rows, max(1, mlp)), 0.1, dtype=dtype) for _ in range(2))
+    mx.eval(x, norm, q, kv, gate, up)
+
+    def into_heads(a: mx.array, count: int, rotate: bool) -> mx.array:
+        a = a.reshape(1, rows, count, dim).transpose(0, 2, 1, 3)
+        if not rotate:
+            return a
+        return mx.fast.rope(a, dim, traditional=False, base=10000.0, scale=1.0, offset=0)
+
+    def run() -> None:
+        h = mx.fast.rms_norm(x, norm, 1e-5) + x
+        out = [h, mx.fast.rms_norm(h, norm, 1e-5) + h]
+        queries = into_heads(q, heads, True)
+        out += [queries.transpose(0, 2, 1, 3).reshape(1, rows, -1)]
+        out += [into_heads(kv, kv_heads, True), into_heads(kv, kv_heads, False)]
+        if mlp:
+            out.append(gate * mx.sigmoid(gate) * up)
+        mx.eval(out)
+
+    return median_ms(run, REPEATS, 3 * LONG_PASS_MS, floor_ms) / rows
+
+
 def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     """Bytes a probe pass reads: the device's budget, or less for a model smaller than it
     (whose steps never read more: the tests' tiny models probe in milliseconds)."""
@@ -232,11 +310,7 @@ def probe_machine(
     mx.clear_cache()
     experts = _experts(shape, dtype, budget, floor)
     mx.clear_cache()
-    row_work = 0.0 if gpu else prefill_row_work(shape, dtype, floor, ATTENTION_CHUNK)
-    # the stand-in layers hold no routed experts, whose decode rows cost their own kernels
-    # (the bench's MoE model at 1 rank and 8 clients: -12% calibrated, -17% with the
-    # stand-in's 0.026-0.033 ms), so a MoE keeps the calibrated sum
-    decode_row = 0.0 if gpu or shape.moe_layers else decode_row_work(shape, dtype, floor)
+    row_work = 0.0 if gpu else _row_work(shape, dtype, floor)
     mx.clear_cache()
     chip = this_chip()
     return Machine(
@@ -250,7 +324,6 @@ def probe_machine(
         kv_bytes_per_ms=kv_rate,
         expert_flops_per_ms=experts,
         row_layer_ms=row_work,
-        decode_row_layer_ms=decode_row,
         chip=known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
     )

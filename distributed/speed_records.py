@@ -39,7 +39,6 @@ def machine_record(machine: Machine) -> dict[str, Any]:
         "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
         "expert_flops_per_ms": round(machine.expert_flops_per_ms, 1),
         "row_layer_ms": round(machine.row_layer_ms, 5),
-        "decode_row_layer_ms": round(machine.decode_row_layer_ms, 5),
         "chip": machine.chip.name if machine.chip else "",
         "gpu": machine.overhead is GPU_OVERHEAD,
     }
@@ -57,7 +56,6 @@ def machine_from_record(record: dict[str, Any]) -> Machine:
         kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
         expert_flops_per_ms=float(record.get("expert_flops_per_ms", 0.0)),
         row_layer_ms=float(record.get("row_layer_ms", 0.0)),
-        decode_row_layer_ms=float(record.get("decode_row_layer_ms", 0.0)),
         chip=known_chip(record.get("chip", "")),
         overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
     )
@@ -113,7 +111,7 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
             ]
         for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
             merged[key] = statistics.median(m[key] for m in mine)
-        for key in ("expert_flops_per_ms", "row_layer_ms", "decode_row_layer_ms"):
+        for key in ("expert_flops_per_ms", "row_layer_ms"):
             merged[key] = statistics.median(m.get(key, 0.0) for m in mine)
         out.append(machine_from_record(merged))
     return tuple(out)

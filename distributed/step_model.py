@@ -71,7 +71,6 @@ class Machine:
     kv_bytes_per_ms: float = 0.0  # KV a decode step's attention reads
     expert_flops_per_ms: float = 0.0  # routed experts' products over a prefill's tokens
     row_layer_ms: float = 0.0  # a prefill row's work in a layer beside those (0: the table's)
-    decode_row_layer_ms: float = 0.0  # a compiled decode row's (0: the table's)
     chip: Chip | None = None
     overhead: Overhead = CPU_OVERHEAD
 
@@ -146,20 +145,13 @@ class Speed:
         kind = cpu_overhead(shared >= 1.0, eager)
         if not machine.row_layer_ms:
             return kind
-        # a prefill row's cost as measured; measured while the host's ranks probed at
-        # once, as the rates were, where predict multiplies every overhead by the
-        # crowding: 3 ranks on the 2 cores here read 0.065-0.077 ms against one rank's
-        # 0.037-0.040
-        shared_by = self.crowd(rank) if self.rates_shared else 1.0
-        row = machine.row_layer_ms / shared_by
-        # a decode row's as measured where the rank has cores to spare and its step is
-        # compiled, as the probe ran it; elsewhere as calibrated (the one-core kinds'
-        # measures predicted the tensor split through the delayed link's relay, whose
-        # thread takes the ranks' cores, 24-29% fast: docs/BENCHMARKS.md)
-        decode = kind.decode_row_layer_ms + kind.row_layer_ms
-        if kind is CPU_OVERHEAD and machine.decode_row_layer_ms:
-            decode = machine.decode_row_layer_ms / shared_by
-        return replace(kind, row_layer_ms=row, decode_row_layer_ms=decode - row)
+        # a prefill row's cost as measured, and a decode row's as calibrated (the same
+        # sum); measured while the host's ranks probed at once, as the rates were, where
+        # predict multiplies every overhead by the crowding: 3 ranks on the 2 cores here
+        # read 0.065-0.077 ms against one rank's 0.037-0.040
+        row = machine.row_layer_ms / (self.crowd(rank) if self.rates_shared else 1.0)
+        extra = kind.decode_row_layer_ms + kind.row_layer_ms - row
+        return replace(kind, row_layer_ms=row, decode_row_layer_ms=extra)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ class Overhead:
 # layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
 # 0.0433 ms) from the default model's steps on one rank, less the probe's weights. A
 # prefill row's is measured at start where the probe can (distributed/machine_probe.py
-# `row_probe.prefill_row_work`, Speed.overhead); a decode row keeps this calibrated sum.
+# `_row_work`, Speed.overhead); a decode row keeps this calibrated sum.
 CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
 # A rank with one core or less while it computes (a tensor or expert split's ranks sharing
 # a host's cores, or a one-core host), bench/step_overhead.py --one-core: MLX's thread that

@@ -28,9 +28,8 @@ import numpy as np
 
 from distributed.chips import Link, collective_hops, link_named
 from distributed.hosts import RankHost
-from distributed.machine_probe import PREFILL_ROWS, probe_machine
+from distributed.machine_probe import PREFILL_ROWS, median_ms, probe_machine
 from distributed.model_shape import ModelShape
-from distributed.probe_timing import median_ms
 from distributed.speed_records import all_records, crowding_of, machine_record, per_host
 from distributed.step_model import Speed
 

@@ -158,47 +158,6 @@ def test_a_prefill_row_costs_what_the_machine_measured_and_a_decode_row_what_it_
     assert probed.overhead(0, at_once=True).row_layer_ms == pytest.approx(0.007)
 
 
-def test_a_compiled_decode_row_costs_what_the_machine_measured_where_cores_are_spare() -> None:
-    """A machine whose probe timed a compiled decode row's work pays it a decode row and
-    layer where its rank has cores to spare and its step is compiled (one rank here); a
-    rank with one core (a tensor split's 2 ranks on 2 cores) or an eager step (a pipeline)
-    keeps its kind's calibrated sum; a prefill row keeps the prefill row's measure; the
-    figure survives the ranks' records."""
-    from distributed.speed_records import machine_from_record, machine_record
-
-    prefill_only = replace(flat(), overhead=CPU_OVERHEAD, row_layer_ms=0.04)
-    measured = replace(prefill_only, decode_row_layer_ms=0.12)
-    assert machine_from_record(machine_record(measured)).decode_row_layer_ms == 0.12
-    alone = Speed((measured,), LINK).overhead(0, at_once=False)
-    calibrated = Speed((prefill_only,), LINK).overhead(0, at_once=False)
-    assert alone.ms(30, 8) - alone.ms(30, 1) == pytest.approx(30 * 7 * 0.12)
-    assert alone.ms(30, 512, decode=False) == pytest.approx(calibrated.ms(30, 512, decode=False))
-    assert alone.ms(30, 8) > calibrated.ms(30, 8)
-    here = crowding_of([RankHost(host="here", cores=2, memory_bytes=2**34)] * 2)
-    for at_once, eager in ((True, False), (False, True)):
-        kinds = [
-            Speed((machine,) * 2, LINK, here).overhead(0, at_once, eager)
-            for machine in (measured, prefill_only)
-        ]
-        assert kinds[0].ms(30, 8) == pytest.approx(kinds[1].ms(30, 8))
-    single = plan_work(make_plan(SMOL, 1, None, "tensor"), 4)
-    steps = [predict(single, Speed((m,), LINK), 8).ms for m in (measured, prefill_only)]
-    calibrated_sum = CPU_OVERHEAD.row_layer_ms + CPU_OVERHEAD.decode_row_layer_ms
-    assert steps[0] - steps[1] == pytest.approx(30 * 8 * (0.12 - calibrated_sum))
-
-
-def test_the_decode_row_probe_times_a_row_of_a_compiled_step() -> None:
-    """The probe's stand-in layers run compiled at 1 and 8 rows: a row costs something,
-    and less than a layer's whole step at one row could (a slope, not a total)."""
-    import mlx.core as mx
-
-    from distributed.model_shape import ModelShape
-    from distributed.row_probe import decode_row_work
-
-    row = decode_row_work(ModelShape.from_config(SMOL), mx.float32, 0.0)
-    assert 0.001 < row < 1.0, row
-
-
 def test_a_hosts_cores_are_those_the_process_may_run_on() -> None:
     """A rank started under `taskset -c 0` has one core to itself, whatever the machine's."""
     first = min(os.sched_getaffinity(0))
