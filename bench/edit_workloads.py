@@ -2,7 +2,10 @@
 files of 160 to 1,600 tokens in Python, JavaScript, Markdown and JSON (bench/workloads/),
 whole-file edits asked before or after the file, an answer that opens with prose, a Claude
 Code Edit call's old and new strings and a Codex apply_patch, plus a free text control.
-Each is a chat any OpenAI-compatible server takes as it is. The default model (SmolLM2,
+Each is a chat any OpenAI-compatible server takes as it is. HELD_OUT is a second set
+(bench/workloads/held_out/: Go, YAML, SQL, HTML, Rust; a file read in an earlier turn; a
+second free-text control), written after the rule was last tuned and never used to tune it:
+the check that the rule holds on prompts it has not seen. The default model (SmolLM2,
 135M) follows some of them and not others (it does not copy the 1,600-token file): each
 answer's share of copied tokens is reported beside its speed.
 
@@ -124,6 +127,73 @@ WORKLOADS = [
         edit=False,
     ),
 ]
+
+
+def _held(name: str) -> str:
+    return _file(f"held_out/{name}")
+
+
+def _earlier_turn() -> list[dict]:
+    """The file read in an earlier turn (as an agent's tool result is), the edit asked now."""
+    return [
+        {
+            "role": "user",
+            "content": f"What does this page show?\n\n```html\n{_held('page.html')}```",
+        },
+        {
+            "role": "assistant",
+            "content": "It shows today's four tides at the harbour, with "
+            "their times and heights, under a header with three links.",
+        },
+        {"role": "user", "content": "Change its title and heading to Harbour Tides. " + WHOLE},
+    ]
+
+
+HELD_OUT = [
+    Workload(
+        "go 600",
+        _last("Stats also returns the number of entries", "held_out/cache.go", "go", WHOLE),
+        800,
+    ),
+    Workload(
+        "yaml 400",
+        _first("run 5 replicas of image 2.8.0", "held_out/deploy.yaml", "yaml", WHOLE),
+        550,
+    ),
+    Workload(
+        "sql 250, prose first",
+        [
+            {
+                "role": "user",
+                "content": "Say in one sentence what you will change, then write the whole "
+                "query with one change: count only orders from 2026.\n\n```sql\n"
+                f"{_held('report.sql')}```",
+            }
+        ],
+        400,
+    ),
+    Workload("html 350, an earlier turn", _earlier_turn(), 500),
+    Workload(
+        "rust 450",
+        _first(
+            "parse_line also accepts ':' between key and value", "held_out/parse.rs", "rust", WHOLE
+        ),
+        650,
+    ),
+    Workload(
+        "free text 2",
+        [
+            {
+                "role": "user",
+                "content": "Tell me how a loaf of sourdough bread is made, from "
+                "feeding the starter to the first slice.",
+            }
+        ],
+        300,
+        edit=False,
+    ),
+]
+SETS = {"tuned": WORKLOADS, "held-out": HELD_OUT, "all": WORKLOADS + HELD_OUT}
 
 
 def copied(answer: list[int], prompt: list[int], run: int = RUN) -> list[bool]:

@@ -1,7 +1,8 @@
 """Speculation on edit and tool-argument workloads it was not tuned on (bench/edit_workloads.py),
 against mlx_lm.server as shipped and given our kernels, at 1 and 2 ranks.
 
-    .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 8] [--markdown FILE]
+    .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 8] [--markdown FILE] \
+        [--set tuned|held-out|all] [--servers on off peer peer-rows]
 
 For each rank count, servers on the same model, one after another: ours with
 SPECULATIVE=auto, ours with SPECULATIVE=off, mlx_lm.server as shipped (`peer`) and with our
@@ -33,7 +34,7 @@ from mlx_lm.utils import load_tokenizer
 
 from bench.agents import rendered
 from bench.compare import resolve_model_dir
-from bench.edit_workloads import WORKLOADS, Workload, copied
+from bench.edit_workloads import SETS, Workload, copied
 from bench.loadgen import Endpoint, stream_chat
 from bench.pipeline_model import make_pipeline_variant
 from bench.run_setup import add_run_options, run_each
@@ -43,6 +44,8 @@ from ipc.client import RankClient
 from ipc.protocol import ChatMessage, Delta, Done, Error, SamplingParams, Submit
 from leader.request_setup import RequestSetup
 
+SERVERS = ("on", "off", "peer", "peer-rows")
+
 
 async def _one(endpoint: Endpoint, workload: Workload) -> RequestResult:
     timeout = httpx.Timeout(endpoint.timeout, connect=10.0)
@@ -50,11 +53,11 @@ async def _one(endpoint: Endpoint, workload: Workload) -> RequestResult:
         return await stream_chat(client, endpoint, workload.messages, workload.max_tokens)
 
 
-def over_http(endpoint: Endpoint) -> dict[str, dict[str, Any]]:
+def over_http(endpoint: Endpoint, workloads: list[Workload]) -> dict[str, dict[str, Any]]:
     """Each workload's decode tok/s (and tokens) as a client sees it."""
-    asyncio.run(_one(endpoint, WORKLOADS[-1]))  # warm-up
+    asyncio.run(_one(endpoint, workloads[-1]))  # warm-up
     out = {}
-    for workload in WORKLOADS:
+    for workload in workloads:
         result = asyncio.run(_one(endpoint, workload))
         out[workload.name] = {
             "ok": result.ok,
@@ -85,11 +88,13 @@ def accepted_flags(socket: Path, workload: Workload) -> list[tuple[int, bool]]:
                 raise RuntimeError(f"rank 0 answered {message}")
 
 
-def copy_share(socket: Path, setup: RequestSetup) -> dict[str, dict[str, Any]]:
+def copy_share(
+    socket: Path, setup: RequestSetup, workloads: list[Workload]
+) -> dict[str, dict[str, Any]]:
     """Per workload: the share of the answer's tokens it copied from the prompt, and of
     those the share speculation accepted."""
     out = {}
-    for workload in WORKLOADS:
+    for workload in workloads:
         try:
             flags = accepted_flags(socket, workload)
         except (RuntimeError, OSError) as exc:
@@ -128,15 +133,19 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
     pipeline = ranks > 1
     servers["peer"] = Peer(ranks, env, peer_model, workdir, True, False, pipeline)  # as shipped
     servers["peer-rows"] = Peer(ranks, env, peer_model, workdir, True, True, pipeline)  # engine
+    workloads = SETS[args.set]
     results: dict[str, Any] = {}
     for name, server in servers.items():
+        if name not in args.servers:
+            continue
         wait_quiet(args.max_load, args.load_patience)
         log(f"{name}, {ranks} rank(s): starting")
         try:
             server.start()
-            results[name] = over_http(server.endpoint)
+            results[name] = over_http(server.endpoint, workloads)
             if name == "on" and isinstance(server, Ours):
-                results["share"] = copy_share(Path(server.env["SOCKET_PATH"]), setup)
+                socket = Path(server.env["SOCKET_PATH"])
+                results["share"] = copy_share(socket, setup, workloads)
         finally:
             server.stop()
     return results
@@ -149,7 +158,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -> str:
     lines = [
         f"Speculation on edits ({started}, `python -m bench.spec_edits --ranks "
-        f"{' '.join(map(str, args.ranks))} --spec-tokens {args.spec_tokens}`)",
+        f"{' '.join(map(str, args.ranks))} --spec-tokens {args.spec_tokens} --set {args.set}`)",
         "",
     ]
     for ranks, by in results.items():
@@ -160,7 +169,7 @@ def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -
             "| on/peer | on/peer-rows |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for workload in WORKLOADS:
+        for workload in SETS[args.set]:
             name = workload.name
             share = by.get("share", {}).get(name, {})
             on, off, peer, rows = (
@@ -183,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--spec-tokens", type=int, default=8)
+    parser.add_argument("--set", choices=list(SETS), default="tuned", help="the workloads")
+    parser.add_argument(
+        "--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="those to run"
+    )
     add_run_options(parser, "spec_edits")
     args = parser.parse_args(argv)
     return run_each(
