@@ -9,7 +9,7 @@ The server is ours through launch.sh, serving the tests' long-context model (Smo
 tokenizer and chat template, 1 layer, 64K positions: tests/support/long_context_model.py;
 the agents' prompts run 6-13K tokens, which the 135M model prefills in minutes on a CPU)
 or --model, its prefix cache on disk in a fresh directory. Each session is a new
-process in the same project directory with one home directory, as a user's are; the
+process, each in a project directory of its own (PROJECTS) with one home directory; the
 recording proxy (bench/agent_proxy.py) forces the first request's tool call (the agent
 reads a file, so a later turn follows with the result) and caps answers at --max-tokens:
 what is measured is the prompt's reuse, not the answer.
@@ -29,6 +29,9 @@ from bench.run_setup import add_run_options, run_each
 from bench.servers import Ours, log, wait_quiet
 
 ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is notes.txt empty?"]
+# each session's project, as a user starting an agent in another checkout: the agents name
+# it in their prompts (leader/volatile_system.py)
+PROJECTS = ["alpha-service", "tools/beta-app", "gamma"]
 
 
 def forced(agent: str, project: Path) -> ForcedCall:
@@ -41,14 +44,15 @@ def forced(agent: str, project: Path) -> ForcedCall:
     }[agent]
 
 
-def session(agent: str, base_url: str, work: Path, ask: str, cap: int) -> list[dict[str, Any]]:
-    """One session; per request with tools: its time to first output and cached tokens."""
-    project = work / f"{agent}-project"
+def session(agent: str, base_url: str, work: Path, number: int, cap: int) -> list[dict[str, Any]]:
+    """Session `number` (its question and project); per request with tools: its time to
+    first output and cached tokens."""
+    project = work / PROJECTS[number] / agent
     project.mkdir(parents=True, exist_ok=True)
     (project / "notes.txt").write_text("remember the ring\n")
     proxy = AgentProxy(base_url, forced(agent, project), cap=cap)
     try:
-        done = run(Session(agent, project, work / f"{agent}-home", ask), proxy.base_url)
+        done = run(Session(agent, project, work / f"{agent}-home", ASKS[number]), proxy.base_url)
     finally:
         proxy.close()
     if done.returncode != 0:
@@ -69,14 +73,14 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
     server.start()
     try:
         for agent in args.agents:
-            first = session(agent, server.endpoint.url, workdir, ASKS[0], args.max_tokens)
-            second = session(agent, server.endpoint.url, workdir, ASKS[1], args.max_tokens)
+            first = session(agent, server.endpoint.url, workdir, 0, args.max_tokens)
+            second = session(agent, server.endpoint.url, workdir, 1, args.max_tokens)
             rows[agent] = {"first": first, "second": second}
             log(f"{ranks} rank(s), {agent}: {json.dumps(rows[agent])}")
         server.restart()
         for agent in args.agents:
             rows[agent]["restart"] = session(
-                agent, server.endpoint.url, workdir, ASKS[2], args.max_tokens
+                agent, server.endpoint.url, workdir, 2, args.max_tokens
             )
             log(f"{ranks} rank(s), {agent} after restart: {json.dumps(rows[agent]['restart'])}")
     finally:

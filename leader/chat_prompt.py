@@ -6,6 +6,8 @@ its calls; otherwise through the fallback prompt below (tools described in the s
 message, earlier calls and results rewritten as text), whose `<tool_call>` blocks the
 fallback format parses. A forced call (tool_choice required or a function) or an output
 format turns thinking off and, for `<tool_call>` formats, opens the block in the prompt.
+An agent's system prompt has its paragraphs that name a directory moved last
+(leader/volatile_system.py), so sessions in other projects share the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ipc.protocol import ChatMessage, Submit, ToolSpec
 from leader.tool_calls import FALLBACK_FORMAT, ToolFormat, tool_dict
+from leader.volatile_system import PARAGRAPH_BREAK, split_volatile
 
 PROBE_TOOL = ToolSpec(name="probe_7f3a_tool", description="probe")
 
@@ -103,10 +106,13 @@ class ChatPrompt:
         """The prompt for a chat Submit; `constrained`: a grammar decides the answer."""
         assert submit.messages is not None
         tools = offered_tools(submit)
-        if self.tool_format.native:
-            messages = [native_message(m) for m in submit.messages]
+        history, last_paragraphs = directories_last(submit.messages, tools)
+        if self.tool_format.native:  # the template puts the tools after the system text
+            messages = [native_message(m) for m in history]
+            if last_paragraphs:
+                messages[0]["content"] = _joined(messages[0]["content"], last_paragraphs)
         else:
-            messages = fallback_messages(submit.messages, tools, choice_rule(submit))
+            messages = fallback_messages(history, tools, choice_rule(submit), last_paragraphs)
         kwargs: dict[str, Any] = {}
         if constrained:
             kwargs["enable_thinking"] = False
@@ -167,12 +173,29 @@ def call_block(name: str, arguments: str) -> str:
     return f"{FALLBACK_FORMAT.start}\n{call}\n{FALLBACK_FORMAT.end}"
 
 
+def _joined(*parts: str) -> str:
+    return PARAGRAPH_BREAK.join(part for part in parts if part)
+
+
+def directories_last(
+    history: list[ChatMessage], tools: list[ToolSpec]
+) -> tuple[list[ChatMessage], str]:
+    """With tools offered, the history with its first system message less the paragraphs
+    that name a path, and those paragraphs (leader/volatile_system.py); else as it is."""
+    if not tools or not history or history[0].role != "system":
+        return history, ""
+    stable, volatile = split_volatile(history[0].content)
+    if not volatile:
+        return history, ""
+    return [history[0].model_copy(update={"content": stable}), *history[1:]], volatile
+
+
 def fallback_messages(
-    history: list[ChatMessage], tools: list[ToolSpec], rule: str
+    history: list[ChatMessage], tools: list[ToolSpec], rule: str, after_tools: str = ""
 ) -> list[dict[str, str]]:
     """Plain system/user/assistant turns any template renders: the tools block in the
-    system message, calls as `<tool_call>` blocks, results as `<tool_response>` blocks in
-    a user turn (consecutive results share one)."""
+    system message (then `after_tools`), calls as `<tool_call>` blocks, results as
+    `<tool_response>` blocks in a user turn (consecutive results share one)."""
     names = {call.id: call.name for m in history for call in m.tool_calls}
     out: list[dict[str, str]] = []
     previous = ""
@@ -196,7 +219,7 @@ def fallback_messages(
         listed = "\n".join(json.dumps(tool_dict(t), ensure_ascii=False) for t in tools)
         block = FALLBACK_TOOLS_PROMPT.format(tools=listed) + (f"\n{rule}" if rule else "")
         if out and out[0]["role"] == "system":
-            out[0]["content"] = f"{out[0]['content']}\n\n{block}"
+            out[0]["content"] = _joined(out[0]["content"], block, after_tools)
         else:
-            out.insert(0, {"role": "system", "content": block})
+            out.insert(0, {"role": "system", "content": _joined(block, after_tools)})
     return out

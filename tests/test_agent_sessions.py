@@ -2,9 +2,12 @@
 prefix cache in memory and, after `./launch.sh restart`, from its disk tier.
 
 Each agent (Claude Code, Codex CLI, opencode: bench/agents.py, pinned) runs as a user runs
-it: a new process per session, one home directory, one project directory, another question
-each time. launch.sh serves a tiny long-context model (SmolLM2's tokenizer and chat
-template, random weights: tests/support/long_context_model.py) on 2 ranks. What a session
+it: a new process per session, one home directory, another question each time, each
+session in a project directory of its own (bench/agent_sessions.py's PROJECTS), which the
+agents name in their prompts (Claude Code's memory directory and opencode's working
+directory sit mid-way through their system prompts: leader/volatile_system.py).
+launch.sh serves a tiny long-context model (SmolLM2's tokenizer and chat template, random
+weights: tests/support/long_context_model.py) on 2 ranks. What a session
 shares with an earlier one is measured on the prompts as rank 0 renders them (the project's
 own conversion of each request, bench/agents.py `rendered`); what it reused is what the
 server reported in its answer (cached prompt tokens), not what the client says.
@@ -22,6 +25,7 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from bench.agent_proxy import AgentProxy, Exchange
+from bench.agent_sessions import ASKS, PROJECTS
 from bench.agents import AGENTS, AgentMissing, Session, binary, rendered
 from bench.agents import run as run_session
 from leader.prefix_index import shared_prefix
@@ -31,7 +35,6 @@ from tests.support.project import START_TIMEOUT, Project, copy_project
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is notes.txt empty?"]
 REUSED = 0.95  # of what a session shares with an earlier one
 
 
@@ -49,8 +52,9 @@ class Sessions:
             binary(agent)
         except AgentMissing as exc:
             pytest.skip(str(exc))
-        ask = ASKS[len(self.seen[agent])]
-        session = Session(agent, self.work / f"{agent}-project", self.work / f"{agent}-home", ask)
+        number = len(self.seen[agent])
+        project = self.work / PROJECTS[number] / agent
+        session = Session(agent, project, self.work / f"{agent}-home", ASKS[number])
         (session.cwd).mkdir(parents=True, exist_ok=True)
         (session.cwd / "notes.txt").write_text("remember the ring\n")
         proxy = AgentProxy(f"http://127.0.0.1:{self.project.port}")
@@ -70,7 +74,7 @@ class Sessions:
         shared = max(shared_prefix(prompt, before) for _, before in earlier)
         cached = main.cached_tokens()
         print(f"{agent}: {cached} of {len(prompt)} prompt tokens reused; {shared} shared")
-        # what sessions of one project share: the system prompt and tools, most of a prompt
+        # what sessions in two projects share: the system prompt and tools, most of a prompt
         assert shared > len(prompt) // 2, (shared, len(prompt))
         assert cached >= REUSED * shared, (cached, shared)
 

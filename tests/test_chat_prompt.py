@@ -102,3 +102,36 @@ def test_a_final_assistant_turn_is_continued_when_asked(agent):
     assert continued.text.endswith("<|im_start|>assistant\nSure")
     closed = agent.render(chat(prefill), constrained=False)
     assert closed.text.endswith("Sure<|im_end|>\n<|im_start|>assistant\n<think>")
+
+
+def agent_system(directory: str) -> list[ChatMessage]:
+    """An agent's system prompt naming its project directory mid-way (as Claude Code's
+    memory paragraph and opencode's <env> block do), a URL and a question."""
+    system = (
+        "You are a coding agent.\n\nSee https://example.com/docs/agents for help.\n\n"
+        f"Your notes live in `{directory}/.notes/`. Keep them short.\n\n"
+        "Answer in English."
+    )
+    return [ChatMessage(role="system", content=system), ChatMessage(role="user", content="Hi")]
+
+
+@pytest.mark.parametrize("fixture", ["plain", "agent"])
+def test_an_agents_directory_moves_after_what_every_project_shares(fixture, request):
+    """Two projects' prompts share everything before the directory's paragraph, tools
+    included where the fallback prompt holds them; every word is still there."""
+    prompt = request.getfixturevalue(fixture)
+    texts = [
+        prompt.render(chat(agent_system(d), tools=[WEATHER]), constrained=False).text
+        for d in ("/srv/alpha", "/home/me/beta")
+    ]
+    paragraph = "Your notes live in `/srv/alpha/.notes/`. Keep them short."
+    before = texts[0].index(paragraph)
+    assert texts[0][:before] == texts[1][: texts[1].index("Your notes live in `/home/me/beta")]
+    shared = texts[0][:before]
+    assert "You are a coding agent." in shared and "Answer in English." in shared
+    assert "https://example.com/docs/agents" in shared  # a URL's path stays where it was
+    if not prompt.tool_format.native:  # the fallback's tools come before the directory
+        assert '"name": "get_weather"' in shared
+    # without tools (a plain chat) the system prompt is rendered as sent
+    plain_chat = prompt.render(chat(agent_system("/srv/alpha")), constrained=False).text
+    assert "Keep them short.\n\nAnswer in English." in plain_chat
