@@ -34,9 +34,12 @@ ASKS = ["What does notes.txt say?", "Summarize notes.txt in one word.", "Is note
 PROJECTS = ["alpha-service", "tools/beta-app", "gamma"]
 
 
-def forced(agent: str, project: Path) -> ForcedCall:
-    """The tool call each agent's first request makes: read notes.txt."""
-    target = str(project / "notes.txt")
+def forced(agent: str) -> ForcedCall:
+    """The tool call each agent's first request makes: read notes.txt. Its arguments are
+    fixed in the request's tool schema, so they name no project: with the absolute path
+    there, a session in another project shared the tools only up to that tool's schema (a
+    later turn follows whether or not the agent's tool takes a relative path)."""
+    target = "notes.txt"
     return {
         "claude": ForcedCall("Read", {"file_path": target}),
         "codex": ForcedCall("exec_command", {"cmd": "cat notes.txt"}),
@@ -50,7 +53,7 @@ def session(agent: str, base_url: str, work: Path, number: int, cap: int) -> lis
     project = work / PROJECTS[number] / agent
     project.mkdir(parents=True, exist_ok=True)
     (project / "notes.txt").write_text("remember the ring\n")
-    proxy = AgentProxy(base_url, forced(agent, project), cap=cap)
+    proxy = AgentProxy(base_url, forced(agent), cap=cap)
     try:
         done = run(Session(agent, project, work / f"{agent}-home", ASKS[number]), proxy.base_url)
     finally:
