@@ -107,10 +107,8 @@ class ChatPrompt:
         assert submit.messages is not None
         tools = offered_tools(submit)
         history, last_paragraphs = directories_last(submit.messages, tools)
-        if self.tool_format.native:  # the template puts the tools after the system text
+        if self.tool_format.native:
             messages = [native_message(m) for m in history]
-            if last_paragraphs:
-                messages[0]["content"] = _joined(messages[0]["content"], last_paragraphs)
         else:
             messages = fallback_messages(history, tools, choice_rule(submit), last_paragraphs)
         kwargs: dict[str, Any] = {}
@@ -125,12 +123,34 @@ class ChatPrompt:
         prefill = prefill and bool(last.content) and not last.tool_calls
         if prefill:  # the answer continues the last turn: no new assistant turn is opened
             kwargs["continue_final_message"] = True
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=not prefill, tokenize=False, **kwargs
-        )
+        if self.tool_format.native and last_paragraphs:
+            text = self._directories_after_tools(messages, last_paragraphs, prefill, kwargs)
+        else:
+            text = self._template(messages, prefill, kwargs)
         if forced_call(submit) and self.tool_format.json_blocks:
             return Rendered(text + self.tool_format.start + "\n", starts_in_reasoning=False)
         return Rendered(text, starts_in_reasoning=self._open_thinking(text))
+
+    def _template(self, messages: list[dict[str, Any]], prefill: bool, kwargs: dict) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=not prefill, tokenize=False, **kwargs
+        )
+
+    def _directories_after_tools(
+        self, messages: list[dict[str, Any]], paragraphs: str, prefill: bool, kwargs: dict
+    ) -> str:
+        """A native template renders the tools after the first system message: the
+        directory's paragraphs go in a second system message after it, where the template
+        renders one; else (it refuses or drops it) at the end of the first."""
+        apart = [messages[0], {"role": "system", "content": paragraphs}, *messages[1:]]
+        try:
+            text = self._template(apart, prefill, kwargs)
+            if paragraphs.strip() in text:
+                return text
+        except Exception:  # a template that takes one system message, first
+            pass
+        first = {**messages[0], "content": _joined(messages[0]["content"], paragraphs)}
+        return self._template([first, *messages[1:]], prefill, kwargs)
 
     def _open_thinking(self, text: str) -> bool:
         """The prompt ends inside a thinking block (the template opened it)."""

@@ -12,11 +12,12 @@ its instructions and tools.
 
 So where a request offers tools (an agent's), each paragraph of its first system message
 that names an absolute filesystem path (not a URL's) moves after the rest, in its order:
-the model sees every word the client sent, the directory's paragraphs after the tools
-(the fallback tool prompt, leader/chat_prompt.py) or at the end of the system text (a
-template that renders tools itself puts them after the system text, so there the tools
-are not reused across directories). Nothing is matched around content the model sees, and
-a chat without tools is rendered as sent.
+the model sees every word the client sent, the directory's paragraphs after the tools:
+in the fallback tool prompt's system message, or, where the template renders the tools
+after the first system message itself, in a second system message (leader/chat_prompt.py;
+a template that refuses one gets them at the end of the first, and there the tools are not
+reused across directories). Nothing is matched around content the model sees, and a chat
+without tools is rendered as sent.
 """
 
 from __future__ import annotations

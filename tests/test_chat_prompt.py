@@ -11,7 +11,12 @@ from mlx_lm.utils import load_tokenizer
 
 from ipc.protocol import ChatMessage, SamplingParams, Submit, ToolCall, ToolChoice, ToolSpec
 from leader.chat_prompt import FALLBACK_TOOLS_PROMPT, ChatPrompt
-from tests.support.tiny_models import write_agent_tokenizer, write_byte_tokenizer
+from tests.support.tiny_models import (
+    AGENT_TEMPLATE,
+    AGENT_WORDS,
+    write_agent_tokenizer,
+    write_byte_tokenizer,
+)
 
 WEATHER = ToolSpec(
     name="get_weather",
@@ -48,6 +53,18 @@ def plain(tmp_path_factory):
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     return ChatPrompt(load_tokenizer(write_agent_tokenizer(tmp_path_factory.mktemp("agent") / "m")))
+
+
+@pytest.fixture(scope="module")
+def one_system(tmp_path_factory):
+    """The agent's template, refusing a system message anywhere but first (as some do)."""
+    refusing = "{% if message.role == 'system' and not loop.first %}{{ raise_exception('no') }}"
+    template = AGENT_TEMPLATE.replace(
+        "{% for message in messages %}", "{% for message in messages %}" + refusing + "{% endif %}"
+    )
+    directory = tmp_path_factory.mktemp("one-system")
+    write_byte_tokenizer(directory, AGENT_WORDS, template)
+    return ChatPrompt(load_tokenizer(directory))
 
 
 def test_a_template_without_tools_gets_the_fallback_prompt(plain):
@@ -115,11 +132,14 @@ def agent_system(directory: str) -> list[ChatMessage]:
     return [ChatMessage(role="system", content=system), ChatMessage(role="user", content="Hi")]
 
 
-@pytest.mark.parametrize("fixture", ["plain", "agent"])
+@pytest.mark.parametrize("fixture", ["plain", "agent", "one_system"])
 def test_an_agents_directory_moves_after_what_every_project_shares(fixture, request):
-    """Two projects' prompts share everything before the directory's paragraph, tools
-    included where the fallback prompt holds them; every word is still there."""
+    """Two projects' prompts share everything before the directory's paragraph, the tools
+    included (after them: the fallback prompt's system message, or a second system message
+    for a template that renders tools itself), else at the end of the system text (a
+    template that takes one system message); every word is still there."""
     prompt = request.getfixturevalue(fixture)
+    assert prompt.tool_format.native is (fixture != "plain")
     texts = [
         prompt.render(chat(agent_system(d), tools=[WEATHER]), constrained=False).text
         for d in ("/srv/alpha", "/home/me/beta")
@@ -130,8 +150,7 @@ def test_an_agents_directory_moves_after_what_every_project_shares(fixture, requ
     shared = texts[0][:before]
     assert "You are a coding agent." in shared and "Answer in English." in shared
     assert "https://example.com/docs/agents" in shared  # a URL's path stays where it was
-    if not prompt.tool_format.native:  # the fallback's tools come before the directory
-        assert '"name": "get_weather"' in shared
+    assert ('"name": "get_weather"' in shared) is (fixture != "one_system")
     # without tools (a plain chat) the system prompt is rendered as sent
     plain_chat = prompt.render(chat(agent_system("/srv/alpha")), constrained=False).text
     assert "Keep them short.\n\nAnswer in English." in plain_chat
