@@ -47,15 +47,21 @@ def forced(agent: str) -> ForcedCall:
     }[agent]
 
 
-def session(agent: str, base_url: str, work: Path, number: int, cap: int) -> list[dict[str, Any]]:
-    """Session `number` (its question and project); per request with tools: its time to
-    first output and cached tokens."""
+def numbered(agent: str, work: Path, number: int) -> Session:
+    """`agent`'s session `number` under `work`: its question, and its project (made, with
+    the notes.txt it asks about); one home directory for all of an agent's sessions."""
     project = work / PROJECTS[number] / agent
     project.mkdir(parents=True, exist_ok=True)
     (project / "notes.txt").write_text("remember the ring\n")
+    return Session(agent, project, work / f"{agent}-home", ASKS[number])
+
+
+def session(agent: str, base_url: str, work: Path, number: int, cap: int) -> list[dict[str, Any]]:
+    """Session `number` (its question and project); per request with tools: its time to
+    first output and cached tokens."""
     proxy = AgentProxy(base_url, forced(agent), cap=cap)
     try:
-        done = run(Session(agent, project, work / f"{agent}-home", ASKS[number]), proxy.base_url)
+        done = run(numbered(agent, work, number), proxy.base_url)
     finally:
         proxy.close()
     if done.returncode != 0:

@@ -3,7 +3,7 @@ prefix cache in memory and, after `./launch.sh restart`, from its disk tier.
 
 Each agent (Claude Code, Codex CLI, opencode: bench/agents.py, pinned) runs as a user runs
 it: a new process per session, one home directory, another question each time, each
-session in a project directory of its own (bench/agent_sessions.py's PROJECTS), which the
+session in a project directory of its own (bench/agent_sessions.py's `numbered`), which the
 agents name in their prompts (Claude Code's memory directory and opencode's working
 directory sit mid-way through their system prompts: leader/volatile_system.py).
 launch.sh serves a tiny long-context model (SmolLM2's tokenizer and chat template, random
@@ -25,8 +25,8 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from bench.agent_proxy import AgentProxy, Exchange
-from bench.agent_sessions import ASKS, PROJECTS
-from bench.agents import AGENTS, AgentMissing, Session, binary, rendered
+from bench.agent_sessions import numbered
+from bench.agents import AGENTS, AgentMissing, binary, rendered
 from bench.agents import run as run_session
 from leader.prefix_index import shared_prefix
 from leader.request_setup import RequestSetup
@@ -52,11 +52,7 @@ class Sessions:
             binary(agent)
         except AgentMissing as exc:
             pytest.skip(str(exc))
-        number = len(self.seen[agent])
-        project = self.work / PROJECTS[number] / agent
-        session = Session(agent, project, self.work / f"{agent}-home", ASKS[number])
-        (session.cwd).mkdir(parents=True, exist_ok=True)
-        (session.cwd / "notes.txt").write_text("remember the ring\n")
+        session = numbered(agent, self.work, len(self.seen[agent]))
         proxy = AgentProxy(f"http://127.0.0.1:{self.project.port}")
         try:
             done = run_session(session, proxy.base_url)
