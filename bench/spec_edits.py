@@ -119,7 +119,8 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
     workdir = Path(tempfile.mkdtemp(prefix="bench-spec-edits-"))
     setup = RequestSetup(load_tokenizer(model), None)
     peer_model = model
-    if ranks > 1:  # a model the peer can split: by layers, answering as the default does
+    peers = {"peer", "peer-rows"} & set(args.servers)
+    if ranks > 1 and peers:  # a model the peer can split: by layers, answering as ours does
         peer_model = make_pipeline_variant(model, args.cache_dir / f"ministral3-{model.name}")
     servers: dict[str, Ours | Peer] = {
         "on": Ours(

@@ -32,7 +32,8 @@ PARAGRAPH_BREAK = "\n\n"
 def split_volatile(system: str) -> tuple[str, str]:
     """`system` as (the paragraphs that name no path, those that do), each in its order,
     joined as they were; ("", "") for an empty text."""
-    paragraphs = system.split(PARAGRAPH_BREAK)
-    stable = [p for p in paragraphs if not PATH.search(p)]
-    volatile = [p for p in paragraphs if PATH.search(p)]
+    stable: list[str] = []
+    volatile: list[str] = []
+    for paragraph in system.split(PARAGRAPH_BREAK):
+        (volatile if PATH.search(paragraph) else stable).append(paragraph)
     return PARAGRAPH_BREAK.join(stable), PARAGRAPH_BREAK.join(volatile)
