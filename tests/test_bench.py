@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -392,3 +393,22 @@ def test_engine_steps_bench_prefills_together_then_decodes(tiny_llama: Path) -> 
         assert done.returncode == 0, done.stderr
         assert "batch 3 x 9 prompt tokens: prefill" in done.stdout
         assert "(median of 4;" in done.stdout  # the first decode step is not counted
+
+
+def test_trace_cost_bench_speculates_as_the_rule_did_and_counts_traces(tiny_llama: Path) -> None:
+    lines = {}
+    for mode in ([], ["--plain"]):
+        args = ["--model", str(tiny_llama), "--prompt", "100", "--tokens", "80", "--rows", "2"]
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.trace_cost", *args, *mode],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        lines[bool(mode)] = done.stdout.strip().splitlines()[-1]
+    figures = r": (\d+) tokens a row in (\d+) steps.*; (\d+) traces"
+    plain = re.search("plain" + figures, lines[True])
+    assert plain and plain[1] == plain[2] == "80"  # one token a step
+    assert plain[3] == "2"  # one width at two buffer lengths (100 + 80 positions)
+    fast = re.search("speculating" + figures, lines[False])
+    assert fast and int(fast[1]) >= 80 and int(fast[2]) < 80 and int(fast[3]) > 2
