@@ -15,21 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import mlx.core as mx
-
 _tail = 1
 
 
 def tail() -> int:
     """Positions, counted from the end, whose logits the head computes now."""
     return _tail
-
-
-def last(x: mx.array) -> mx.array:
-    """The positions of `x` [B, L, D] the head computes now: the last `tail()` (all of them,
-    unsliced, where that is every one: a slice would tie the compiled decode step's trace
-    to one cache length, engine/compiled_decode.py)."""
-    return x if _tail >= x.shape[1] else x[:, -_tail:, :]
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from distributed.head_positions import last
+from distributed.head_positions import tail
 from distributed.slicing import keep_rows
 
 
@@ -56,7 +56,7 @@ class VocabEmbedding(nn.Module):
         return mx.distributed.all_sum(rows, group=self.group)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return gather_logits(self.embedding.as_linear(last(x)), self.sizes, self.group)
+        return gather_logits(self.embedding.as_linear(x[:, -tail() :, :]), self.sizes, self.group)
 
 
 class VocabHead(nn.Module):
@@ -72,7 +72,7 @@ class VocabHead(nn.Module):
         self.group = group
 
     def __call__(self, x: mx.array) -> mx.array:
-        return gather_logits(self.head(last(x)), self.sizes, self.group)
+        return gather_logits(self.head(x[:, -tail() :, :]), self.sizes, self.group)
 
 
 def split_vocabulary(

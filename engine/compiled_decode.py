@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import mlx.core as mx
@@ -37,13 +36,11 @@ from mlx_lm.models.cache import BatchKVCache
 
 from distributed.head_positions import computing
 from distributed.overhead import MAX_TRACES
-from engine import shapeless_rope
-from engine.cpu_attention import compiled_step, on_cpu_backend
+from engine.cpu_attention import compiled_step
 
 log = logging.getLogger(__name__)
 
 STEP = 64  # positions a buffer grows by
-ANY = 0  # a shapeless trace's buffer: it serves every length
 # Each shape (rows, positions, buffer) is traced once, by an mx.compile of its own, and
 # MLX keeps a trace as long as its function lives, each holding megabytes of this process's
 # heap on the CPU. A long context and speculation's widths would make their number grow
@@ -62,14 +59,12 @@ class _Slot:
         self,
         keys: mx.array,
         values: mx.array,
-        positions: mx.array,
         position: mx.array,
         offset: mx.array,
         left_padding: mx.array,
     ) -> None:
         self.keys = keys
         self.values = values
-        self.positions = positions  # [buffer]: 0, 1, ... (an input: a trace serves any length)
         self.position = position  # [1]: where this step's first token goes
         self.offset = offset  # [B]: each row's RoPE position
         self.left_padding = left_padding  # [B]
@@ -84,7 +79,7 @@ class _Slot:
     ) -> mx.array:
         if window_size is not None:
             raise ValueError("a compiled decode step takes no sliding window")
-        positions = self.positions
+        positions = mx.arange(self.keys.shape[2])
         queries = self.position + mx.arange(n)  # each query sees itself and what precedes it
         visible = (positions <= queries[:, None]) & (self.left_padding[:, None, None] <= positions)
         return visible[:, None, :, :]
@@ -121,7 +116,6 @@ class CompiledDecode:
         self.max_traces = max_traces
         self.dropped = 0  # traces dropped past max_traces
         self.enabled = True
-        self.shapeless = True  # one trace serves every buffer length (ANY), until one fails
         # (rows, positions, buffer) -> its compiled step, least recently used first
         self._traces: OrderedDict[tuple[int, int, int], Callable[..., list[mx.array]]] = (
             OrderedDict()
@@ -135,19 +129,16 @@ class CompiledDecode:
     def _forward(
         self,
         tokens: mx.array,
-        positions: mx.array,
         position: mx.array,
         offset: mx.array,
         left_padding: mx.array,
         *buffers: mx.array,
     ) -> list[mx.array]:
         slots = [
-            _Slot(buffers[i], buffers[i + 1], positions, position, offset, left_padding)
+            _Slot(buffers[i], buffers[i + 1], position, offset, left_padding)
             for i in range(0, len(buffers), 2)
         ]
-        logits = self.model(tokens, cache=slots)
-        if logits.shape[1] != tokens.shape[1]:  # a head that computed every position
-            logits = logits[:, -tokens.shape[1] :, :]
+        logits = self.model(tokens, cache=slots)[:, -tokens.shape[1] :, :]
         logits = logits.reshape(-1, logits.shape[-1])
         return [logits, *(array for slot in slots for array in (slot.keys, slot.values))]
 
@@ -161,22 +152,17 @@ class CompiledDecode:
         width = tokens.shape[1]
         for cache in caches:
             _reserve(cache, first._idx + width)
-        buffer = first.keys.shape[2]
-        shape = (tokens.shape[0], width, ANY if self.shapeless else buffer)
+        shape = (tokens.shape[0], width, first.keys.shape[2])
         compiled = self._compiled(shape)
         buffers = [array for cache in caches for array in (cache.keys, cache.values)]
-        inputs = (mx.arange(buffer), mx.array([first._idx]), first.offset, first.left_padding)
-        rope = shapeless_rope.traced() if self.shapeless and on_cpu_backend() else nullcontext()
+        position = mx.array([first._idx])
         try:
             # read while tracing; each width is its own trace
-            with computing(width), compiled_step(), rope:
-                logits, *updated = compiled(tokens, *inputs, *buffers)
+            with computing(width), compiled_step():
+                logits, *updated = compiled(
+                    tokens, position, first.offset, first.left_padding, *buffers
+                )
         except Exception as exc:  # a family whose forward does not trace
-            if self.shapeless:  # one that bakes a length in (a slice): a trace a length
-                self.shapeless = False
-                self._traces.clear()
-                log.info("compiled decode: a trace for each cache length here (%s)", exc)
-                return self.step(tokens, caches)
             self.enabled = False
             self._traces.clear()
             log.warning("compiled decode off for this model (%s); decoding eagerly", exc)
@@ -197,7 +183,7 @@ class CompiledDecode:
         while len(self._traces) >= self.max_traces:
             self._traces.popitem(last=False)
             self.dropped += 1
-        compiled = mx.compile(self._forward, shapeless=self.shapeless)
+        compiled = mx.compile(self._forward)
         self._traces[shape] = compiled
         log.debug("compiled decode: traced batch %d x %d positions over %d", *shape)
         return compiled

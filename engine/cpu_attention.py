@@ -95,7 +95,8 @@ def _attend(
         visible = mx.arange(length - n, length)[:, None] >= mx.arange(length)[None]
         scores = _apply(scores, mx.tile(visible, (group, 1)))
     elif mask is not None:
-        scores = _masked(scores, _in_log2_units(mask), group, n)
+        full = mx.broadcast_to(_in_log2_units(mask), (batch, heads, n, length))
+        scores = _apply(scores, full.reshape(batch, kv_heads, group * n, length))
     shifted = scores - scores.max(axis=-1, keepdims=True)
     weights = exp2(shifted) if _compiling else mx.power(2.0, shifted)
     weights = weights / weights.sum(axis=-1, keepdims=True)
@@ -119,16 +120,13 @@ def compiled_step() -> Iterator[None]:
 
 def exp2(x: mx.array) -> mx.array:
     """2^x for float32 x <= 0 (a softmax's shifted scores), as accurate as mx.power (within
-    3e-7 of the exact value, relative) down to -60, and 2^-60 below (a weight of 1e-18 of
-    the row's largest: nothing a sum of them shows). 2^x = 2^f / 2^n with n = -round(x): a
-    polynomial gives 2^f, and 2^n is (1 << n) as a float, in two factors of at most 2^30
-    (int32). Compiled, it is a few loops of arithmetic: the exponential over a 9-position
-    step's scores (30 layers at a 600-token context) took 10-20 ms through mx.power, which
-    MLX's compiled CPU loop runs as a call to the C library's powf per score, 30 through
-    mx.exp, and 4.3 so with the exponent's bits written directly (docs/BENCHMARKS.md,
-    "Figures behind the code"); that took a bit view, which a shapeless trace cannot take
-    (engine/compiled_decode.py), and the shifts cost 1.5-2x its time here."""
-    x = mx.maximum(x, -60.0)
+    3e-7 of the exact value, relative); 0 below about -126.5, where float32's normal numbers
+    end. 2^x = 2^i 2^f with i = round(x): a polynomial gives 2^f, and 2^i is the float whose
+    exponent bits are i + 127. Compiled, it is a few loops of arithmetic: the exponential over
+    a 9-position step's scores (30 layers at a 600-token context) took 10-20 ms through
+    mx.power, which MLX's compiled CPU loop runs as a call to the C library's powf per
+    score, 30 through mx.exp, and 4.3 so (docs/BENCHMARKS.md, "Figures behind the code")."""
+    x = mx.maximum(x, -127.0)
     whole = (x + ROUNDER) - ROUNDER
     f = x - whole
     # Estrin's scheme, not Horner's: MLX fuses a chain of at most 11 operations into one
@@ -136,11 +134,9 @@ def exp2(x: mx.array) -> mx.array:
     c = EXP2_TERMS
     f2 = f * f
     power = (c[0] + c[1] * f + f2 * (c[2] + c[3] * f)) + (f2 * f2) * (c[4] + c[5] * f + f2 * c[6])
-    n = (-whole).astype(mx.int32)
-    first = mx.minimum(n, 30)
-    one = mx.array(1, dtype=mx.int32)
-    scale = mx.left_shift(one, first).astype(mx.float32)
-    return power / (scale * mx.left_shift(one, n - first).astype(mx.float32))
+    # below -126.5 the exponent's bits are 0: the float 0
+    exponent = (whole.astype(mx.int32) + 127) * (1 << 23)
+    return power * mx.view(exponent, mx.float32)
 
 
 def _in_log2_units(mask: mx.array) -> mx.array:
@@ -150,18 +146,6 @@ def _in_log2_units(mask: mx.array) -> mx.array:
     if mask.dtype == mx.bool_:
         return mask
     return mx.maximum(mask.astype(mx.float32) * LOG2E, LOWEST)
-
-
-def _masked(scores: mx.array, mask: mx.array, group: int, n: int) -> mx.array:
-    """`scores` [B, KV, G*N, L] under `mask` (broadcasting to [B, H, N, L]), with no
-    length named: the compiled decode step's trace serves every cache length
-    (engine/compiled_decode.py), and a shape it fixed would not fit the next."""
-    batch, kv_heads = scores.shape[:2]
-    lead = (1,) * (4 - mask.ndim) + mask.shape[:-2]
-    heads = (1, 1) if lead[1] == 1 else (kv_heads, group)  # one mask for all heads, or each
-    mask = mask.reshape(lead[0], *heads, mask.shape[-2], -1)
-    split = _apply(scores.reshape(batch, kv_heads, group, n, -1), mask)
-    return split.reshape(batch, kv_heads, group * n, -1)
 
 
 def _apply(scores: mx.array, mask: mx.array) -> mx.array:

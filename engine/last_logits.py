@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from distributed.head_positions import last
+from distributed.head_positions import tail
 from engine.cpu_linear import TransposedEmbedding, TransposedLinear, ties_head
 
 HEADS = (nn.Linear, nn.QuantizedLinear, TransposedLinear)
@@ -43,7 +43,7 @@ class LastPositionHead(_Wrapper):
     step): [B, L, D] -> [B, 1, V]."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.inner(last(x))
+        return self.inner(x[:, -tail() :, :])
 
 
 class LastPositionTiedHead(_Wrapper):
@@ -53,7 +53,7 @@ class LastPositionTiedHead(_Wrapper):
         return self.inner(ids)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return self.inner.as_linear(last(x))
+        return self.inner.as_linear(x[:, -tail() :, :])
 
 
 def head_on_last_position(model: nn.Module) -> bool:

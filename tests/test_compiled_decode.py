@@ -14,8 +14,7 @@ import pytest
 from mlx_lm.utils import load_model
 
 from engine.batch_engine import BatchEngine
-from engine.compiled_decode import ANY, STEP, CompiledDecode
-from engine.cpu_attention import grouped_attention
+from engine.compiled_decode import STEP, CompiledDecode
 from engine.last_logits import head_on_last_position
 from engine.step_plan import Insert, StepPlan
 from tests.support.tiny_models import write_tiny_model
@@ -69,30 +68,15 @@ def run(model, compiled: CompiledDecode | None) -> list[tuple[list[int], np.ndar
     return steps
 
 
-@pytest.fixture(params=["our attention", "mlx attention"])
-def attention(request, monkeypatch) -> str:
-    """The attention a step runs: ours, as server.py installs it on the CPU (one shapeless
-    trace a batch size and width, whatever the cache length), or MLX's own (whose CPU
-    path names the length: a trace for each)."""
-    if request.param == "our attention":
-        monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", grouped_attention)
-    return request.param
-
-
-def test_compiled_steps_give_the_eager_logits_and_tokens(model, attention):
+def test_compiled_steps_give_the_eager_logits_and_tokens(model):
     compiled = CompiledDecode(model)
     eager_steps = run(model, None)
     compiled_steps = run(model, compiled)
     assert compiled.enabled
     # every batch size the schedule makes, and buffers past 256 positions
     assert {batch for batch, _, _ in compiled.shapes} == {1, 2, 3}
-    if attention == "our attention":  # one trace served every length
-        assert compiled.shapeless
-        assert sorted(compiled.shapes) == [(1, 1, ANY), (2, 1, ANY), (3, 1, ANY)]
-    else:
-        assert not compiled.shapeless
-        assert max(size for _, _, size in compiled.shapes) > 256
-        assert all(size % STEP == 0 for _, _, size in compiled.shapes)
+    assert max(size for _, _, size in compiled.shapes) > 256
+    assert all(size % STEP == 0 for _, _, size in compiled.shapes)
     for (ids, eager), (same_ids, logits) in zip(eager_steps, compiled_steps, strict=True):
         assert ids == same_ids
         np.testing.assert_allclose(logits, eager, atol=1e-4)
@@ -138,7 +122,7 @@ def speculate(model, compiled: CompiledDecode | None) -> list[tuple[list[int], n
     return steps
 
 
-def test_compiled_speculative_steps_give_the_eager_logits(model, attention):
+def test_compiled_speculative_steps_give_the_eager_logits(model):
     """Also across dropped traces: at most 2 are kept here, the least recently used
     dropped first."""
     head_on_last_position(model)
