@@ -382,33 +382,28 @@ def test_published_figures_table_names_its_sources_and_what_does_not_fit() -> No
     assert "does not fit: 713 GB of weights a Mac" in single
 
 
+def _bench(module: str, *args: str) -> str:
+    """`python -m bench.<module> args`'s output, which must exit 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_engine_steps_bench_prefills_together_then_decodes(tiny_llama: Path) -> None:
     for layout in ([], ["--layout", "plain", "--eager"]):
         args = ["--model", str(tiny_llama), "--batch", "3", "--prompt", "9", "--steps", "5"]
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.engine_steps", *args, *layout],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
-        assert "batch 3 x 9 prompt tokens: prefill" in done.stdout
-        assert "(median of 4;" in done.stdout  # the first decode step is not counted
+        out = _bench("engine_steps", *args, *layout)
+        assert "batch 3 x 9 prompt tokens: prefill" in out
+        assert "(median of 4;" in out  # the first decode step is not counted
 
 
 def test_trace_cost_bench_speculates_as_the_rule_did_and_counts_traces(tiny_llama: Path) -> None:
-    lines = {}
-    for mode in ([], ["--plain"]):
-        args = ["--model", str(tiny_llama), "--prompt", "100", "--tokens", "80", "--rows", "2"]
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.trace_cost", *args, *mode],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
-        lines[bool(mode)] = done.stdout.strip().splitlines()[-1]
+    args = ["--model", str(tiny_llama), "--prompt", "100", "--tokens", "80", "--rows", "2"]
     figures = r": (\d+) tokens a row in (\d+) steps.*; (\d+) traces"
-    plain = re.search("plain" + figures, lines[True])
+    plain = re.search("plain" + figures, _bench("trace_cost", *args, "--plain"))
     assert plain and plain[1] == plain[2] == "80"  # one token a step
     assert plain[3] == "2"  # one width at two buffer lengths (100 + 80 positions)
-    fast = re.search("speculating" + figures, lines[False])
+    fast = re.search("speculating" + figures, _bench("trace_cost", *args))
     assert fast and int(fast[1]) >= 80 and int(fast[2]) < 80 and int(fast[3]) > 2
