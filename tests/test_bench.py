@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -271,16 +270,6 @@ def test_constrained_bench_measures_every_part_on_a_tiny_tokenizer(tmp_path) -> 
     assert row["sample_free_ms_per_token"] > 0 and row["compile_ms_median"] > 0
 
 
-def test_compiled_decode_bench_decodes_the_same_tokens_every_way(tiny_llama: Path) -> None:
-    args = ["--model", str(tiny_llama), "--tokens", "6", "--rounds", "1"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.compiled_decode", *args], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    assert "same greedy tokens every way: True" in done.stdout
-    assert done.stdout.count("ms a token") == 3
-
-
 def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
     tiny_llama: Path,
 ) -> None:
@@ -380,30 +369,3 @@ def test_published_figures_table_names_its_sources_and_what_does_not_fit() -> No
     assert all(("seeds" in r or "github.com" in r or "jeffgeerling" in r) for r in rows[1:])
     single = next(r for r in rows if r.startswith("| DeepSeek V3.1 8-bit, 1 x"))
     assert "does not fit: 713 GB of weights a Mac" in single
-
-
-def _bench(module: str, *args: str) -> str:
-    """`python -m bench.<module> args`'s output, which must exit 0."""
-    done = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", *args], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def test_engine_steps_bench_prefills_together_then_decodes(tiny_llama: Path) -> None:
-    for layout in ([], ["--layout", "plain", "--eager"]):
-        args = ["--model", str(tiny_llama), "--batch", "3", "--prompt", "9", "--steps", "5"]
-        out = _bench("engine_steps", *args, *layout)
-        assert "batch 3 x 9 prompt tokens: prefill" in out
-        assert "(median of 4;" in out  # the first decode step is not counted
-
-
-def test_trace_cost_bench_speculates_as_the_rule_did_and_counts_traces(tiny_llama: Path) -> None:
-    args = ["--model", str(tiny_llama), "--prompt", "100", "--tokens", "80", "--rows", "2"]
-    figures = r": (\d+) tokens a row in (\d+) steps.*; (\d+) traces"
-    plain = re.search("plain" + figures, _bench("trace_cost", *args, "--plain"))
-    assert plain and plain[1] == plain[2] == "80"  # one token a step
-    assert plain[3] == "2"  # one width at two buffer lengths (100 + 80 positions)
-    fast = re.search("speculating" + figures, _bench("trace_cost", *args))
-    assert fast and int(fast[1]) >= 80 and int(fast[2]) < 80 and int(fast[3]) > 2
