@@ -52,23 +52,23 @@ def first_plan(engine: BatchEngine, vocab: int, rows: int, tokens: int) -> StepP
     return StepPlan(0, engine.fingerprint(), inserts=inserts)
 
 
-def next_plan(engine: BatchEngine, result: StepResult, width: int) -> StepPlan:
+def next_plan(engine: BatchEngine, result: StepResult, width: int, kept: int = 0) -> StepPlan:
     """The next decode step: each row's greedy token, with `width - 1` copies of it proposed
     (a speculative step's forward, whatever is accepted), the last step's proposals rolled
-    back."""
+    back but the first `kept` of each row's."""
     assert result.logits is not None
     chosen = mx.argmax(result.logits, axis=-1).tolist()
     firsts = [sum(result.widths[:i]) for i in range(len(result.widths))]
     tokens = {seq_id: chosen[at] for seq_id, at in zip(result.seq_ids, firsts, strict=True)}
     following = [tokens[seq_id] for seq_id in engine.decode_ids]
-    rollbacks = [w - 1 for w in result.widths] if max(result.widths) > 1 else []
+    rollbacks = [max(0, w - 1 - kept) for w in result.widths]
     drafts = [[t] * (width - 1) for t in following] if width > 1 else []
     return StepPlan(
         engine.step_index,
         engine.fingerprint(),
         tokens=following,
         drafts=drafts,
-        rollbacks=rollbacks,
+        rollbacks=rollbacks if any(rollbacks) else [],
     )
 
 

@@ -23,10 +23,9 @@ from pathlib import Path
 import mlx.core as mx
 
 from bench.compiled_decode import DEFAULT_MODEL
-from bench.engine_steps import first_plan, served_model
+from bench.engine_steps import first_plan, next_plan, served_model
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
-from engine.step_plan import StepPlan
 
 WIDTHS = [1] * 37 + [4] * 28 + [9] * 30 + [2, 3, 5, 6, 6, 8, 8]  # rank 0's, per hundred steps
 
@@ -46,26 +45,14 @@ def main() -> None:
     engine.apply(first_plan(engine, model.args.vocab_size, args.rows, args.prompt))
     result = engine.run()
     draw = random.Random(args.seed)
-    made = steps = 0
-    width, accepted = 1, 0
+    made = steps = accepted = 0
     started = time.perf_counter()
     while made < args.tokens:
-        chosen = mx.argmax(result.logits, axis=-1).tolist()
-        following = [chosen[row * width] for row in range(args.rows)]
-        rollbacks = [width - 1 - accepted] * args.rows if width > 1 else []
         width = 1 if args.plain else draw.choice(WIDTHS)
-        accepted = draw.randint(0, width - 1)
-        drafts = [[token] * (width - 1) for token in following] if width > 1 else []
-        plan = StepPlan(
-            engine.step_index,
-            engine.fingerprint(),
-            tokens=following,
-            drafts=drafts,
-            rollbacks=rollbacks if any(rollbacks) else [],
-        )
-        engine.apply(plan)
+        engine.apply(next_plan(engine, result, width, kept=accepted))
         result = engine.run()
         mx.eval(result.logits)
+        accepted = draw.randint(0, width - 1)  # of this step's proposals, kept at the next
         made += 1 + accepted
         steps += 1
     seconds = time.perf_counter() - started
