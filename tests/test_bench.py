@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -24,9 +22,8 @@ from bench.prompts import essay_prompt, long_prompt
 from bench.report import ratio_rows
 from bench.servers import Peer
 from bench.stats import RequestResult, percentile, summarize, table
+from tests.support.bench_module import run_bench
 from tests.support.tiny_models import write_tiny_model
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_percentile_by_hand() -> None:
@@ -154,14 +151,8 @@ def test_ratio_verdicts() -> None:
 
 
 def test_compare_help() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.compare", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0 and "--ranks" in done.stdout and "mlx_lm.server" in done.stdout
+    out = run_bench("compare", "--help", timeout=60)
+    assert "--ranks" in out and "mlx_lm.server" in out
 
 
 @pytest.fixture(scope="module")
@@ -274,14 +265,8 @@ def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
     tiny_llama: Path,
 ) -> None:
     args = ["--model", str(tiny_llama), "--ranks", "2", "--parallelism", "tensor"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.collective_gap", *args, "--prefill", "32"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    header, *lines = done.stdout.strip().splitlines()[-4:]
+    out = run_bench("collective_gap", *args, "--prefill", "32", timeout=300)
+    header, *lines = out.strip().splitlines()[-4:]
     assert header.startswith("tensor-") and "over 2 ranks" in header, header
     cases = [line.split(":")[0].strip() for line in lines]
     assert cases == ["decode 1 row", "decode 8 rows", "prefill 32"], lines
@@ -289,14 +274,8 @@ def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
 
 
 def test_routing_sync_prices_an_evaluation_after_an_all_sum() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.routing_sync", "--ranks", "2", "--steps", "8"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
+    out = run_bench("routing_sync", "--ranks", "2", "--steps", "8", timeout=300)
+    lines = out.strip().splitlines()
     assert len(lines) == 4 and all(line.endswith("ms an evaluation") for line in lines), lines
     assert [line.split(",")[1].strip() for line in lines] == ["1 row(s)"] * 2 + ["8 row(s)"] * 2
 
@@ -331,15 +310,10 @@ def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) 
     report = {"ranks": 2, "strategy": "tensor-uneven", "plan": plan.model_dump(mode="json")}
     report |= {"model": status, "model_dir": "default", "delay_us": 150.0}
     (tmp_path / "r-x.json").write_text(json.dumps(report))
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.step_model", str(tmp_path / "r-x.json"), "--again"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
+    out = run_bench("step_model", str(tmp_path / "r-x.json"), "--again")
     one = model.decode_ms(1, 1, 100.0)
     prefill = 1000 * 1000 / (model.prefill_ms(999, 0) + model.prefill_ms(1, 999))
-    row = done.stdout.splitlines()[-1]
+    row = out.splitlines()[-1]
     assert "| x | default | 2 | tensor-uneven, 150 us one way | ring-local" in row, row
     assert f"{one:.1f} / 50.0 ms ({(one - 50) / 50:+.0%})" in row, row
     assert f"{prefill:.1f} / 250.0" in row, row
@@ -347,24 +321,16 @@ def test_step_model_table_predicts_again_from_a_reports_records(tmp_path: Path) 
     status["measured_decode_ms"] = {"1": 70.0, "8": 90.0}
     (tmp_path / "r-y.json").write_text(json.dumps(report))
     runs = [str(tmp_path / f"r-{n}.json") for n in "xy"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.step_model", *runs, "--again", "--group"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| x")]
-    assert len(rows) == 1 and "| x (2 runs) |" in rows[0], done.stdout
+    out = run_bench("step_model", *runs, "--again", "--group")
+    rows = [line for line in out.splitlines() if line.startswith("| x")]
+    assert len(rows) == 1 and "| x (2 runs) |" in rows[0], out
     errors = f"[{(one - 50) / 50:+.0%}, {(one - 70) / 70:+.0%}]"
     assert f"{one:.1f} / 60.0 ms ({(one - 60) / 60:+.0%}) {errors}" in rows[0], rows[0]
 
 
 def test_published_figures_table_names_its_sources_and_what_does_not_fit() -> None:
-    done = subprocess.run([sys.executable, "-m", "bench.published"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    rows = [
-        line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line
-    ]
+    out = run_bench("published")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 13  # the header and 12 published setups
     assert all(("seeds" in r or "github.com" in r or "jeffgeerling" in r) for r in rows[1:])
     single = next(r for r in rows if r.startswith("| DeepSeek V3.1 8-bit, 1 x"))
