@@ -5,7 +5,9 @@ Code Edit call's old and new strings and a Codex apply_patch, plus a free text c
 Each is a chat any OpenAI-compatible server takes as it is. HELD_OUT is a second set
 (bench/workloads/held_out/: Go, YAML, SQL, HTML, Rust; a file read in an earlier turn; a
 second free-text control), written after the rule was last tuned and never used to tune it:
-the check that the rule holds on prompts it has not seen. The default model (SmolLM2,
+the check that the rule holds on prompts it has not seen. `own_files()` edits this
+repository's own files and asks for eight free texts of other kinds (bench/spec_replay.py
+replays them without a server). The default model (SmolLM2,
 135M) follows some of them and not others (it does not copy the 1,600-token file): each
 answer's share of copied tokens is reported beside its speed.
 
@@ -193,6 +195,64 @@ HELD_OUT = [
         edit=False,
     ),
 ]
+REPOSITORY = FILES.parent.parent
+
+
+def _own(name: str, path: str, language: str, change: str, max_tokens: int) -> Workload:
+    """An edit of one of this repository's own files (they change with it, and so do the
+    answers: a check on prompts nobody wrote for the rule)."""
+    text = (REPOSITORY / path).read_text()
+    user = (
+        f"Here is {path}:\n\n```{language}\n{text}```\n\n"
+        f"Return the whole file with one change: {change}. {WHOLE}"
+    )
+    return Workload(name, [{"role": "user", "content": user}], max_tokens)
+
+
+def _free(name: str, ask: str) -> Workload:
+    return Workload(name, [{"role": "user", "content": ask}], 300, edit=False)
+
+
+def own_files() -> list[Workload]:
+    """Edits of this repository's files and free texts of every kind, for bench.spec_replay
+    (built when asked: the files are read then)."""
+    return [
+        _own(
+            "own: rename in python",
+            "leader/burst.py",
+            "python",
+            "rename `burst` to `take_burst`",
+            600,
+        ),
+        _own(
+            "own: comment in python",
+            "leader/sampler.py",
+            "python",
+            "a comment line at the top",
+            1200,
+        ),
+        _own("own: bash", "scripts/settings.sh", "bash", "print 'done' at the end", 600),
+        _own("own: toml", "pyproject.toml", "toml", "requires-python is >=3.12", 600),
+        _own(
+            "own: bash, names",
+            "scripts/ranks.sh",
+            "bash",
+            "every local variable in upper case",
+            900,
+        ),
+        _free("free: story", "Write a short story about a fox who learns to swim."),
+        _free("free: list", "List ten tips for keeping houseplants alive, one line each."),
+        _free("free: explain", "Explain how a bicycle's gears work to a ten-year-old."),
+        _free("free: letter", "Write a cover letter for a job as a baker."),
+        _free("free: table", "What are the differences between TCP and UDP? Answer in a table."),
+        _free("free: poem", "Write a poem about winter mornings in the city."),
+        _free(
+            "free: bullets", "Summarise the causes of the French Revolution in five bullet points."
+        ),
+        _free("free: recipe", "Give me a recipe for lentil soup with quantities."),
+    ]
+
+
 SETS = {"tuned": WORKLOADS, "held-out": HELD_OUT, "all": WORKLOADS + HELD_OUT}
 
 

@@ -1,9 +1,10 @@
 """The benches that run the batch engine in one process (bench/compiled_decode.py,
-engine_steps.py, trace_cost.py), each on a tiny model: they run, and print what they
-measured."""
+engine_steps.py, trace_cost.py, spec_replay.py), each on a tiny model: they run, and print
+what they measured."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -33,3 +34,26 @@ def test_trace_cost_bench_speculates_as_the_rule_did_and_counts_traces(tiny_llam
     assert plain[3] == "2"  # one width at two buffer lengths (100 + 80 positions)
     fast = re.search("speculating" + figures, run_bench("trace_cost", *args))
     assert fast and int(fast[1]) >= 80 and int(fast[2]) < 80 and int(fast[3]) > 2
+
+
+def test_spec_replay_bench_replays_each_answer_through_the_rule(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Answers generated once and kept in the cache; the step costs measured, or given."""
+    chats = [
+        {"name": name, "messages": [{"role": "user", "content": text}], "max_tokens": 24}
+        for name, text in (("one", "Say something."), ("two", "Copy this: a b c d e f g."))
+    ]
+    (tmp_path / "chats.json").write_text(json.dumps(chats))
+    args = ["--model", str(tiny_llama), "--chats", str(tmp_path / "chats.json")]
+    args += ["--answers", str(tmp_path / "answers.json")]
+    row = r"^\| (one|two) \| (\d+) \| .* \| (\d+) \| (\d+\.\d+) \| (\d+\.\d+)x \|$"
+    measured = run_bench("spec_replay", *args)
+    assert re.search(r"relative to 1: 1: 1\.00, 2: \d\.\d\d, .* 9: \d+\.\d\d\n", measured)
+    assert [found[0] for found in re.findall(row, measured, re.M)] == ["one", "two"]
+    assert "  one: " in measured  # generated here
+    given = run_bench("spec_replay", *args, "--costs", "1:1,9:1.5")
+    assert "  one: " not in given  # from the cache
+    for _, tokens, steps, per_step, _ in re.findall(row, given, re.M):
+        assert 1 <= int(steps) <= int(tokens)
+        assert abs(float(per_step) - int(tokens) / int(steps)) < 0.01

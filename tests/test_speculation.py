@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 from mlx_lm.utils import load_model, load_tokenizer
 
+from bench.spec_replay import replay
 from distributed.chips import link_named
 from distributed.plan import make_plan
 from distributed.step_model import ClusterModel, Machine, Speed
@@ -21,11 +22,8 @@ from distributed.step_work import plan_work
 from engine.batch_engine import BatchEngine
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
-from leader.answer import AnswerShape, AnswerStream
 from leader.prompt_lookup import PromptLookup
-from leader.request import Request
 from leader.requests import Requests
-from leader.sampler import RequestSampler
 from leader.scheduler import Scheduler
 from leader.spec_rule import Evidence, MatchOdds, StepCosts, choose_width
 from leader.speculation import Speculator
@@ -289,38 +287,16 @@ def test_an_answer_that_opens_with_prose_then_copies_is_sped_up(tiny):
     """A row rank 0 left out after its first proposals missed is proposed for again once
     it copies (a lifetime average kept it out for good: issue 37). The answer: 8 tokens
     of prose, then a 120-token file of the prompt verbatim; a greedy model that writes it
-    is played by taking the answer's own tokens as each position's sample."""
+    is played by taking the answer's own tokens as each position's sample
+    (bench/spec_replay.py)."""
     _, tokenizer = tiny
     source = [((i * 37) % 200) + 20 for i in range(120)]  # distinct 6-grams
     prompt = [3, 4, 5, *source, 6, 7]
     answer = [9, 10, 20, 11, 12, 5, 13, 14, *source]  # prose, a false start, then the file
-    params = SamplingParams(max_tokens=len(answer), temperature=0.0)
-    submit = Submit(id="edit", prompt="-", params=params)
-    request = Request(
-        conn=1,
-        id="edit",
-        seq_id=1,
-        prompt=prompt,
-        submit=submit,
-        sampler=RequestSampler(params, prompt, None),
-        answer=AnswerStream(tokenizer, [], AnswerShape()),
-        constraint=None,
-        arrived=0.0,
-    )
-    speculator = Speculator(4)
-    steps = 0
-    while len(request.generated) < len(answer) - 1:
-        drafts = speculator.drafts([1], {1: request})
-        width = 1 + max((len(d) for d in drafts), default=0)
-        at = len(request.generated)
-        drawn = answer[at : at + width] + [0] * (at + width - len(answer))
-        taken = drawn[: speculator.accept(1, drawn, request)]
-        request.generated += taken
-        steps += 1
-    tokens = len(request.generated)
-    print(f"{tokens} tokens in {steps} steps; {request.speculation}")
-    assert request.generated[: len(answer)] == answer[: len(request.generated)]
+    played = replay(prompt, answer, StepCosts(), 4, tokenizer)
+    print(f"{played.tokens} tokens in {played.steps} steps")
     # of the copied tokens, all a 5-position step can accept (4 of 5), less the few
     # before the copy's first 2-gram is found
-    assert request.speculation.accepted >= 0.7 * len(source)
-    assert steps <= 0.4 * tokens
+    assert sum(played.accepted) >= 0.7 * len(source)
+    assert not any(played.accepted[:8])  # the prose: nothing to copy
+    assert played.steps <= 0.4 * played.tokens
