@@ -195,62 +195,43 @@ HELD_OUT = [
         edit=False,
     ),
 ]
+
 REPOSITORY = FILES.parent.parent
-
-
-def _own(name: str, path: str, language: str, change: str, max_tokens: int) -> Workload:
-    """An edit of one of this repository's own files (they change with it, and so do the
-    answers: a check on prompts nobody wrote for the rule)."""
-    text = (REPOSITORY / path).read_text()
-    user = (
-        f"Here is {path}:\n\n```{language}\n{text}```\n\n"
-        f"Return the whole file with one change: {change}. {WHOLE}"
-    )
-    return Workload(name, [{"role": "user", "content": user}], max_tokens)
-
-
-def _free(name: str, ask: str) -> Workload:
-    return Workload(name, [{"role": "user", "content": ask}], 300, edit=False)
+# (name, a file of this repository, its language, the change asked, max_tokens)
+OWN_EDITS = [
+    ("own: rename in python", "leader/burst.py", "python", "rename `burst` to `take_burst`", 600),
+    ("own: comment in python", "leader/sampler.py", "python", "a comment line at the top", 1200),
+    ("own: bash", "scripts/settings.sh", "bash", "print 'done' at the end", 600),
+    ("own: toml", "pyproject.toml", "toml", "requires-python is >=3.12", 600),
+    ("own: bash, names", "scripts/ranks.sh", "bash", "every local variable in upper case", 900),
+]
+FREE_ASKS = {
+    "story": "Write a short story about a fox who learns to swim.",
+    "list": "List ten tips for keeping houseplants alive, one line each.",
+    "explain": "Explain how a bicycle's gears work to a ten-year-old.",
+    "letter": "Write a cover letter for a job as a baker.",
+    "table": "What are the differences between TCP and UDP? Answer in a table.",
+    "poem": "Write a poem about winter mornings in the city.",
+    "bullets": "Summarise the causes of the French Revolution in five bullet points.",
+    "recipe": "Give me a recipe for lentil soup with quantities.",
+}
 
 
 def own_files() -> list[Workload]:
-    """Edits of this repository's files and free texts of every kind, for bench.spec_replay
-    (built when asked: the files are read then)."""
-    return [
-        _own(
-            "own: rename in python",
-            "leader/burst.py",
-            "python",
-            "rename `burst` to `take_burst`",
-            600,
-        ),
-        _own(
-            "own: comment in python",
-            "leader/sampler.py",
-            "python",
-            "a comment line at the top",
-            1200,
-        ),
-        _own("own: bash", "scripts/settings.sh", "bash", "print 'done' at the end", 600),
-        _own("own: toml", "pyproject.toml", "toml", "requires-python is >=3.12", 600),
-        _own(
-            "own: bash, names",
-            "scripts/ranks.sh",
-            "bash",
-            "every local variable in upper case",
-            900,
-        ),
-        _free("free: story", "Write a short story about a fox who learns to swim."),
-        _free("free: list", "List ten tips for keeping houseplants alive, one line each."),
-        _free("free: explain", "Explain how a bicycle's gears work to a ten-year-old."),
-        _free("free: letter", "Write a cover letter for a job as a baker."),
-        _free("free: table", "What are the differences between TCP and UDP? Answer in a table."),
-        _free("free: poem", "Write a poem about winter mornings in the city."),
-        _free(
-            "free: bullets", "Summarise the causes of the French Revolution in five bullet points."
-        ),
-        _free("free: recipe", "Give me a recipe for lentil soup with quantities."),
+    """OWN_EDITS of this repository's files (read now: they change with it, and so do the
+    answers, prompts nobody wrote for the rule) and FREE_ASKS, for bench.spec_replay."""
+    edits = []
+    for name, path, language, change, max_tokens in OWN_EDITS:
+        user = (
+            f"Here is {path}:\n\n```{language}\n{(REPOSITORY / path).read_text()}```\n\n"
+            f"Return the whole file with one change: {change}. {WHOLE}"
+        )
+        edits.append(Workload(name, [{"role": "user", "content": user}], max_tokens))
+    free = [
+        Workload(f"free: {name}", [{"role": "user", "content": ask}], 300, edit=False)
+        for name, ask in FREE_ASKS.items()
     ]
+    return edits + free
 
 
 SETS = {"tuned": WORKLOADS, "held-out": HELD_OUT, "all": WORKLOADS + HELD_OUT}
