@@ -275,7 +275,7 @@ class Leader:
         width = step_width(plan.drafts)
         if plan.tokens and not result.prefill_tokens and warm is None:  # the rule's costs
             ms = (launched - streamed_first + computed - streamed) * 1000
-            scheduler.speculator.costs.observe(len(plan.tokens) * width, result.eager, ms)
+            scheduler.speculator.observe(len(plan.tokens) * width, result.eager, ms)
         scheduler.prefix.bytes = result.prefix_bytes
         self.counters.steps += 1
         self.counters.decode_tokens += len(plan.tokens) + accepted

@@ -25,7 +25,9 @@ step-time model's prediction for this cluster (distributed/step_model.py: the pl
 weights at the rates measured at start, its collectives at the link's measured cost),
 scaled by the nearest measured count, and 7% more when eager (compiled decode is 5-10%
 faster). Steps of more than MAX_ROWS rows are never chosen: the CPU host's few-row kernel
-takes up to 16 rows, and nothing beyond was measured.
+takes up to 16 rows, and nothing beyond was measured. A step that made the compiled decode
+trace a new shape is measured apart, as what a new shape adds, and a width that would make
+one is charged part of that (leader/new_shapes.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
+
+from leader.new_shapes import NewShapes
 
 EAGER = 1.07
 MAX_ROWS = 16
@@ -83,11 +87,16 @@ class StepCosts:
         self.measured: dict[tuple[int, bool], float] = {}
         self.max_rows = max_rows
         self.prior = prior or _unmodelled
+        self.shapes = NewShapes()
 
-    def observe(self, rows: int, eager: bool, ms: float) -> None:
+    def observe(self, rows: int, eager: bool, ms: float, new_shape: bool = False) -> None:
         """A decode step's time; the average starts from the prediction, so one slow step
-        (a first eager run allocating its buffers) does not rule a width out for good."""
+        (a first eager run allocating its buffers) does not rule a width out for good. A
+        step that made a new shape measures what a new shape adds instead."""
         before = self.predict(rows, eager)
+        if new_shape:
+            self.shapes.observe(ms - before)
+            return
         self.measured[(rows, eager)] = before + AVERAGE * (ms - before)
 
     def predict(self, rows: int, eager: bool) -> float:
@@ -177,20 +186,27 @@ def choose_width(
     chances: Sequence[Sequence[float]],
     costs: StepCosts,
     making: Sequence[float] | None = None,
+    cached: int | None = None,
 ) -> int:
     """The step's positions per row (1: no speculation) for rows whose proposals have these
     chances (`chances[row][j]`: proposal j accepted, given the ones before it were; as
     many as the row proposes); `making`: each row's milliseconds to make one proposal
-    (a draft model's forward; default 0, prompt lookup)."""
+    (a draft model's forward; default 0, prompt lookup); `cached`: the batch's cached
+    positions, where a width that would make a new compiled shape is priced for it
+    (leader/new_shapes.py; None: not priced)."""
     rows = len(chances)
     making = making or [0.0] * rows
-    best_width, best = 1, rows / costs.predict(rows, eager=False)
+
+    def new(width: int) -> float:
+        return 0.0 if cached is None else costs.shapes.price(rows, width, cached)
+
+    best_width, best = 1, rows / (costs.predict(rows, eager=False) + new(1))
     for width in range(2, 2 + max(map(len, chances), default=0)):
         if rows * width > costs.max_rows:
             break
         gain = sum(sum(accumulate(row[: width - 1], mul)) for row in chances)
         made = sum(min(len(row), width - 1) * ms for row, ms in zip(chances, making, strict=True))
-        value = (rows + gain) / (costs.predict(rows * width, eager=False) + made)
+        value = (rows + gain) / (costs.predict(rows * width, eager=False) + made + new(width))
         if value > best:
             best_width, best = width, value
     return best_width

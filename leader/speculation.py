@@ -85,6 +85,7 @@ class Speculator:
     _ahead: dict[int, list[int]] = field(default_factory=dict)  # prompt lookup's, unverified
     _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
     _drafted: set[int] = field(default_factory=set)  # rows the draft model proposed for
+    new_shape: bool = False  # the planned step makes a new compiled shape
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +111,7 @@ class Speculator:
     def drafts(self, seq_ids: list[int], requests: dict[int, Request]) -> list[list[int]]:
         """The proposals of the next step's decode rows (all empty: none this step)."""
         self._drafts, self._drafted, self._ahead = {}, set(), {}
+        self.new_shape = False
         for gone in (self._lookup.keys() | self._evidence.keys()) - requests.keys():
             self._lookup.pop(gone, None)
             self._evidence.pop(gone, None)
@@ -132,10 +134,13 @@ class Speculator:
                     asks[row] = (history, most)
             out.append(draft)
         width = 1 + self.tokens
+        # the batch's cached positions: its longest row's (the others are padded to it)
+        decoding = [requests[seq_id] for seq_id in seq_ids if seq_id in requests]
+        cached = max((len(r.prompt) + len(r.generated) - 1 for r in decoding), default=0)
         if (any(out) or asks) and self.rule:  # how wide a step pays (leader/spec_rule.py)
             ms = self.draft.token_ms if self.draft is not None else 0.0
             making = [ms if row in asks else 0.0 for row in range(len(out))]
-            width = choose_width(self._chances(seq_ids, out, asks), self.costs, making)
+            width = choose_width(self._chances(seq_ids, out, asks), self.costs, making, cached)
             out = [draft[: width - 1] for draft in out]
         for row, (history, most) in asks.items():
             if self.draft is None:
@@ -148,7 +153,13 @@ class Speculator:
             if out[row]:
                 self._drafted.add(seq_ids[row])
         self._drafts = dict(zip(seq_ids, out, strict=True))
+        width = 1 + max(map(len, out), default=0)
+        self.new_shape = self.costs.shapes.take(len(seq_ids), width, cached)
         return out if any(out) else []
+
+    def observe(self, rows: int, eager: bool, ms: float) -> None:
+        """The planned decode step (`rows` rows x positions) took `ms`: the rule's costs."""
+        self.costs.observe(rows, eager, ms, new_shape=self.new_shape)
 
     def _chances(
         self, seq_ids: list[int], out: list[list[int]], asks: dict[int, tuple[list[int], int]]

@@ -20,8 +20,10 @@ from distributed.plan import make_plan
 from distributed.step_model import ClusterModel, Machine, Speed
 from distributed.step_work import plan_work
 from engine.batch_engine import BatchEngine
+from engine.compiled_decode import STEP
 from engine.step_plan import StepPlan
 from ipc.protocol import Delta, Done, Error, SamplingParams, Submit
+from leader.new_shapes import CHARGE, NewShapes
 from leader.prompt_lookup import PromptLookup
 from leader.requests import Requests
 from leader.scheduler import Scheduler
@@ -245,6 +247,29 @@ def test_the_step_rule_speculates_where_tokens_per_ms_rise():
         for rows in (1, 2, 3, 4, 5):
             costs.observe(rows, eager=False, ms=30.0 * rows)
     assert choose_width([[0.8] * 4], costs) == 1
+
+
+def test_a_width_that_would_trace_a_new_shape_is_priced_for_it():
+    """The compiled decode traces each (rows, width, buffer length) once: rank 0 follows
+    the shapes its plans made and charges a new one part of what such steps measured."""
+    shapes = NewShapes(keep=3)
+    assert shapes.take(1, 4, 100) and not shapes.take(1, 4, 101)  # one buffer of STEP
+    assert shapes.take(1, 4, 100 + STEP)  # the buffer grew: a new length
+    assert shapes.take(2, 4, 101) and shapes.take(1, 9, 101)  # other rows, another width
+    assert shapes.take(1, 4, 100)  # past `keep`, the least recent was dropped
+    assert shapes.price(1, 5, 101) == 0.0  # nothing measured yet: no charge
+    costs = StepCosts(prior=lambda rows: 40.0 + 5.0 * rows)
+    for _ in range(40):  # steps that traced: 60 ms over their width's time
+        costs.observe(4, eager=False, ms=60.0 + 60.0, new_shape=True)
+    assert costs.predict(4, eager=False) == 60.0  # they do not count in the width's time
+    assert abs(costs.shapes.extra_ms - 60.0) < 0.1
+    assert costs.shapes.price(1, 4, 300) == CHARGE * costs.shapes.extra_ms
+    chances = [[0.5]]  # one proposal, even odds
+    assert choose_width(chances, costs) == 2  # unpriced: 1.5 tokens in 50 ms beat 1 in 45
+    costs.shapes.take(1, 1, 300)  # the plain width's shape at this length is made
+    assert choose_width(chances, costs, cached=300) == 1  # a new 2-wide shape: 80 ms
+    costs.shapes.take(1, 2, 300)
+    assert choose_width(chances, costs, cached=300) == 2  # made already: no charge
 
 
 def test_a_rows_estimate_follows_its_latest_trials():
