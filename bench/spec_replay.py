@@ -3,20 +3,23 @@ through rank 0's own Speculator (prompt lookup, the per-step rule, its evidence 
 odds), each step priced by a cost curve.
 
     .venv/bin/python -m bench.spec_replay [--set tuned|held-out|all|own-files] \
-        [--chats FILE] [--costs 1:1,2:1.4,4:1.8,9:2.3] [--answers CACHE.json]
+        [--chats FILE] [--costs 1:1,2:1.4,4:1.8,9:2.3 [--trace 1.2]] [--answers CACHE.json]
 
 A greedy answer is the same whether or not speculation runs (leader/speculation.py), so
 it is generated once, plainly (mlx-lm, one process), and each step of the replay samples
 the answer's own tokens: position j of a step gets the answer's token there, as the
 model would draw it. The rule sees what rank 0 sees: its proposals, what was accepted,
-and each step's cost, which it measures as it goes (`StepCosts.observe`). The curve is
+and each step's cost, which it measures as it goes (`Speculator.observe`). The curve is
 measured here (the batch engine's decode step of 1 to 9 positions over a prompt as long
 as the workloads', median of its steps, relative to 1 position) unless `--costs` gives
-one: a Mac's steps, bound by reading the weights, cost nearly the same at 1 and 9.
+one: a Mac's steps, bound by reading the weights, cost nearly the same at 1 and 9. A step
+that makes a new compiled shape (leader/new_shapes.py) costs `--trace` plain steps more:
+measured with the curve (each width's first step over its median), 0 with `--costs`
+unless given.
 
 Replayed on/off is the decode time of speculation off (one step a token) over the
 replay's: what `bench.spec_edits` measures from a server's streamed chunks, less what a
-server adds (a new shape's trace, streaming). It answers in a minute where a served pass
+server adds besides (streaming, its steps' spread). It answers in a minute where a served pass
 over the workloads takes half an hour, so a change to the rule can be tried on many more
 prompts than a server has time for: `--chats FILE` takes any chats (a JSON list of
 {"name", "messages", "max_tokens"}), `--set own-files` edits this repository's own files.
@@ -48,6 +51,7 @@ from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
 from ipc.protocol import SamplingParams, Submit
 from leader.answer import AnswerShape, AnswerStream
+from leader.new_shapes import NewShapes
 from leader.request import Request
 from leader.request_setup import RequestSetup
 from leader.sampler import RequestSampler
@@ -62,13 +66,13 @@ class Replay:
     tokens: int  # the answer's, its end included
     steps: int
     cost: float  # the steps' cost, in plain steps
+    off: float  # speculation off's: a plain step a token after the first (the prefill's)
     accepted: list[bool]  # per answer token: an accepted proposal
 
     @property
     def on_off(self) -> float:
-        """Decode speed with speculation over without: after the first token (the
-        prefill's), off takes one plain step a token."""
-        return (self.tokens - 1) / self.cost
+        """Decode speed with speculation over without."""
+        return self.off / self.cost
 
 
 def parse_costs(text: str) -> dict[int, float]:
@@ -84,14 +88,17 @@ def curve(costs: dict[int, float]) -> StepCosts:
     return StepCosts(prior=lambda rows: float(np.interp(rows, widths, values)))
 
 
-def measure_costs(model_dir: Path, prompt: int, steps: int = 12) -> dict[int, float]:
+def measure_costs(model_dir: Path, prompt: int, steps: int = 12) -> tuple[dict[int, float], float]:
     """The batch engine's decode step of each width in WIDTHS over a `prompt`-token
-    context, one row, compiled as served: median ms, relative to one position."""
+    context, one row, compiled as served: median ms, relative to one position; and what
+    a new shape adds (each width's first step, which traces it, over its median: the
+    median of those), in plain steps."""
     model = served_model(model_dir)
     engine = BatchEngine(model, max(256, prompt), compiled=CompiledDecode(model))
     engine.apply(first_plan(engine, model.args.vocab_size, 1, prompt))
     result = engine.run()
     ms: dict[int, float] = {}
+    extra: list[float] = []
     for width in WIDTHS:
         times = []
         for _ in range(steps):
@@ -101,7 +108,8 @@ def measure_costs(model_dir: Path, prompt: int, steps: int = 12) -> dict[int, fl
             mx.eval(result.logits)
             times.append((time.perf_counter() - started) * 1e3)
         ms[width] = statistics.median(times[2:])
-    return {width: ms[width] / ms[1] for width in WIDTHS}
+        extra.append(times[0] - ms[width])
+    return {width: ms[width] / ms[1] for width in WIDTHS}, statistics.median(extra) / ms[1]
 
 
 def replay(
@@ -110,9 +118,11 @@ def replay(
     costs: StepCosts,
     spec_tokens: int,
     tokenizer: TokenizerWrapper,
+    trace: float = 0.0,
 ) -> Replay:
     """`answer` (its end token last) decoded by rank 0's Speculator: each step proposes,
-    the rule picks the width, the answer's tokens play the model's draws."""
+    the rule picks the width, the answer's tokens play the model's draws; a step that
+    makes a new compiled shape costs `trace` plain steps more."""
     params = SamplingParams(max_tokens=len(answer) + spec_tokens, temperature=0.0)
     request = Request(
         conn=1,
@@ -138,10 +148,13 @@ def replay(
         request.generated += answer[at : at + taken]
         accepted += [True] * (taken - 1) + [False]
         speculator.count(request, taken)
-        ms = costs.predict(width, eager=False)
-        costs.observe(width, False, ms)
+        ms = costs.predict(width, eager=False) + (trace * plain if speculator.new_shape else 0.0)
+        speculator.observe(width, False, ms)
         steps, cost = steps + 1, cost + ms / plain
-    return Replay(len(answer), steps, cost, accepted[: len(answer)])
+    plain_shapes = NewShapes()  # off makes a shape at each buffer length too
+    first = len(prompt)
+    off = sum(1 + trace * plain_shapes.take(1, 1, n) for n in range(first, first + len(answer) - 1))
+    return Replay(len(answer), steps, cost, off, accepted[: len(answer)])
 
 
 def greedy_answers(
@@ -189,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", choices=[*SETS, "own-files"], default="all", help="workloads")
     parser.add_argument("--chats", type=Path, help="a JSON list of chats instead of --set")
     parser.add_argument("--costs", help="'width:cost,...' relative to 1 (default: measured)")
+    parser.add_argument("--trace", type=float, help="a new shape's extra, in plain steps")
     parser.add_argument("--spec-tokens", type=int, default=8)
     parser.add_argument("--answers", type=Path, help="a cache of greedy answers (JSON)")
     args = parser.parse_args(argv)
@@ -199,18 +213,21 @@ def main(argv: list[str] | None = None) -> int:
         workloads = own_files() if args.set == "own-files" else SETS[args.set]
     answers = greedy_answers(args.model, workloads, args.answers)
     if args.costs:
-        costs = parse_costs(args.costs)
+        costs, trace = parse_costs(args.costs), args.trace or 0.0
     else:
         longest = max(len(item["prompt"]) for item in answers.values())
-        costs = measure_costs(args.model, min(longest, 2048))
+        costs, trace = measure_costs(args.model, min(longest, 2048))
+        trace = trace if args.trace is None else args.trace
     shown = ", ".join(f"{width}: {cost:.2f}" for width, cost in sorted(costs.items()))
-    print(f"step cost by positions, relative to 1: {shown}")
+    print(f"step cost by positions, relative to 1: {shown}; a new shape: {trace:.2f}")
     print("| workload | tokens | copied | accepted of copied | steps | tokens a step | on/off |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     ratios = []
     for workload in workloads:
         item = answers[workload.name]
-        result = replay(item["prompt"], item["answer"], curve(costs), args.spec_tokens, tokenizer)
+        result = replay(
+            item["prompt"], item["answer"], curve(costs), args.spec_tokens, tokenizer, trace
+        )
         mask = copied(item["answer"], item["prompt"])
         hits = [ok for ok, hit in zip(result.accepted, mask, strict=True) if hit]
         share = f"{sum(hits) / len(hits):.0%}" if hits else "-"

@@ -49,11 +49,13 @@ def test_spec_replay_bench_replays_each_answer_through_the_rule(
     args += ["--answers", str(tmp_path / "answers.json")]
     row = r"^\| (one|two) \| (\d+) \| .* \| (\d+) \| (\d+\.\d+) \| (\d+\.\d+)x \|$"
     measured = run_bench("spec_replay", *args)
-    assert re.search(r"relative to 1: 1: 1\.00, 2: \d\.\d\d, .* 9: \d+\.\d\d\n", measured)
+    curve = r"relative to 1: 1: 1\.00, 2: \d\.\d\d, .* 9: \d+\.\d\d; a new shape: -?\d+\.\d\d\n"
+    assert re.search(curve, measured)
     assert [found[0] for found in re.findall(row, measured, re.M)] == ["one", "two"]
     assert "  one: " in measured  # generated here
-    given = run_bench("spec_replay", *args, "--costs", "1:1,9:1.5")
+    given = run_bench("spec_replay", *args, "--costs", "1:1,9:1.5", "--trace", "2")
     assert "  one: " not in given  # from the cache
+    assert "9: 1.50; a new shape: 2.00" in given
     for _, tokens, steps, per_step, _ in re.findall(row, given, re.M):
         assert 1 <= int(steps) <= int(tokens)
         assert abs(float(per_step) - int(tokens) / int(steps)) < 0.01
