@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from config.settings import PROJECT_DIR
+
 FILES = Path(__file__).parent / "workloads"
 RUN = 8  # tokens: a copy shorter than this is not counted as one
 
@@ -196,7 +198,6 @@ HELD_OUT = [
     ),
 ]
 
-REPOSITORY = FILES.parent.parent
 # (name, a file of this repository, its language, the change asked, max_tokens)
 OWN_EDITS = [
     ("own: rename in python", "leader/burst.py", "python", "rename `burst` to `take_burst`", 600),
@@ -223,7 +224,7 @@ def own_files() -> list[Workload]:
     edits = []
     for name, path, language, change, max_tokens in OWN_EDITS:
         user = (
-            f"Here is {path}:\n\n```{language}\n{(REPOSITORY / path).read_text()}```\n\n"
+            f"Here is {path}:\n\n```{language}\n{(PROJECT_DIR / path).read_text()}```\n\n"
             f"Return the whole file with one change: {change}. {WHOLE}"
         )
         edits.append(Workload(name, [{"role": "user", "content": user}], max_tokens))

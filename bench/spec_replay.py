@@ -49,6 +49,7 @@ from bench.edit_workloads import SETS, Workload, copied, own_files
 from bench.engine_steps import first_plan, next_plan, served_model
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
+from engine.step_plan import step_width
 from ipc.protocol import SamplingParams, Submit
 from leader.answer import AnswerShape, AnswerStream
 from leader.new_shapes import NewShapes
@@ -141,7 +142,7 @@ def replay(
     accepted, steps, cost = [False], 0, 0.0
     while len(request.generated) < len(answer):
         drafts = speculator.drafts([1], {1: request})
-        width = 1 + max((len(draft) for draft in drafts), default=0)
+        width = step_width(drafts)
         at = len(request.generated)
         drawn = (answer[at : at + width] + [-1] * width)[:width]
         taken = speculator.accept(1, drawn, request)

@@ -94,11 +94,16 @@ def compilable(caches: Sequence[Any]) -> bool:
     )
 
 
+def buffer_size(positions: int) -> int:
+    """The buffer that holds `positions`: the least multiple of STEP (one trace a size)."""
+    return -(-positions // STEP) * STEP
+
+
 def _reserve(cache: BatchKVCache, positions: int) -> None:
-    """Size a layer's buffers to the least multiple of STEP that holds `positions` (the
-    prefill and a removal leave other sizes; growing copies them once per STEP tokens)."""
+    """Size a layer's buffers to `buffer_size(positions)` (the prefill and a removal leave
+    other sizes; growing copies them once per STEP tokens)."""
     size = cache.keys.shape[2]
-    wanted = -(-positions // STEP) * STEP
+    wanted = buffer_size(positions)
     if wanted > size:
         pad = [(0, 0), (0, 0), (0, wanted - size), (0, 0)]
         cache.keys = mx.pad(cache.keys, pad)

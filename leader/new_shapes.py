@@ -24,10 +24,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from distributed.overhead import MAX_TRACES
-from engine.compiled_decode import STEP
+from engine.compiled_decode import buffer_size
 
 CHARGE = 0.5  # of a new shape's measured extra, charged to the step that makes it
-AVERAGE = 0.2  # weight of a new measurement in the running average
 
 
 class NewShapes:
@@ -36,11 +35,13 @@ class NewShapes:
     def __init__(self, keep: int = MAX_TRACES) -> None:
         self._made: OrderedDict[tuple[int, int, int], None] = OrderedDict()
         self.keep = keep
-        self.extra_ms = 0.0  # until a new shape's step is measured: nothing
+        # a new shape's step over its width's time, as StepCosts averages it (0 until one
+        # is measured)
+        self.extra_ms = 0.0
 
     @staticmethod
     def _shape(rows: int, width: int, cached: int) -> tuple[int, int, int]:
-        return rows, width, -(-(cached + width) // STEP)
+        return rows, width, buffer_size(cached + width)
 
     def price(self, rows: int, width: int, cached: int) -> float:
         """The ms a step of `rows` rows, `width` positions each, over `cached` positions
@@ -56,7 +57,3 @@ class NewShapes:
         while len(self._made) > self.keep:
             self._made.popitem(last=False)
         return new
-
-    def observe(self, extra_ms: float) -> None:
-        """A new shape's step took `extra_ms` over its width's predicted time."""
-        self.extra_ms += AVERAGE * (max(0.0, extra_ms) - self.extra_ms)

@@ -95,7 +95,7 @@ class StepCosts:
         step that made a new shape measures what a new shape adds instead."""
         before = self.predict(rows, eager)
         if new_shape:
-            self.shapes.observe(ms - before)
+            self.shapes.extra_ms += AVERAGE * (max(0.0, ms - before) - self.shapes.extra_ms)
             return
         self.measured[(rows, eager)] = before + AVERAGE * (ms - before)
 

@@ -42,6 +42,7 @@ from typing import Any
 from mlx_lm.models.cache import KVCache
 
 from engine.batch_sampler import RowSampling
+from engine.step_plan import step_width
 from ipc.status import SpeculationStats
 from leader.draft_model import DraftModel
 from leader.prompt_lookup import PromptLookup
@@ -153,8 +154,7 @@ class Speculator:
             if out[row]:
                 self._drafted.add(seq_ids[row])
         self._drafts = dict(zip(seq_ids, out, strict=True))
-        width = 1 + max(map(len, out), default=0)
-        self.new_shape = self.costs.shapes.take(len(seq_ids), width, cached)
+        self.new_shape = self.costs.shapes.take(len(seq_ids), step_width(out), cached)
         return out if any(out) else []
 
     def observe(self, rows: int, eager: bool, ms: float) -> None:
