@@ -100,18 +100,21 @@ def chat_messages(body: Conversation) -> list[ChatMessage]:
 
 
 def system_text(system: str | list[SystemText] | None) -> str:
-    """The system prompt the model sees: its blocks joined by newlines, less a billing
-    header block (or a first line that is one)."""
+    """The system prompt the model sees: its blocks joined by newlines, each less a first
+    line that is a billing header (a block that was only that line is left out)."""
     if not system:
         return ""
-    if isinstance(system, str):
-        first, _, rest = system.partition("\n")
-        return rest if first.startswith(BILLING_HEADER) else system
-    return _join([block for block in system if not block.text.startswith(BILLING_HEADER)])
+    texts = [system] if isinstance(system, str) else [block.text for block in system]
+    kept = [_without_billing_header(text) for text in texts]
+    return "\n".join(text for text in kept if text is not None)
 
 
-def _join(blocks: list[SystemText] | list[TextBlock]) -> str:
-    return "\n".join(block.text for block in blocks)
+def _without_billing_header(text: str) -> str | None:
+    """`text` less its first line where that is a billing header; None if nothing is left."""
+    first, _, rest = text.lstrip().partition("\n")
+    if not first.startswith(BILLING_HEADER):
+        return text
+    return rest if rest.strip() else None
 
 
 def _turns(message: MessageParam) -> list[ChatMessage]:
