@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void dot_block(
   for (int n = n0; n < n1; n += 2) {
     int two = n + 1 < n1;
     const float *b0 = b + (long)n * ldb, *b1 = two ? b0 + ldb : b0;
-    vec acc0[M], acc1[M];
+    vec acc0[BLOCK], acc1[BLOCK]; /* fixed size: GCC keeps these in registers, a VLA [M] on the stack */
     for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (vec){0};
     int t = 0;
     for (; t + LANES <= k; t += LANES) {
@@ -145,7 +145,7 @@ static inline __attribute__((always_inline)) void panel_block(
   }
   for (int t = 0; t < k; t += 4) {
     int rows = k - t < 4 ? k - t : 4;
-    float x[M][4];
+    float x[BLOCK][4];
     const float *w[4];
     for (int j = 0; j < 4; j++) {
       w[j] = b + (long)(j < rows ? t + j : t) * ldb;
