@@ -27,7 +27,7 @@ from mlx_lm.utils import load_model
 
 from bench.compiled_decode import DEFAULT_MODEL
 from config.settings import LinearLayout
-from engine import cpu_attention
+from engine import cpu_activation, cpu_attention
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
 from engine.cpu_linear import transpose_linears
@@ -40,6 +40,7 @@ def served_model(path: Path, layout: LinearLayout = "plain") -> nn.Module:
     model, _ = load_model(path)
     model.eval()
     cpu_attention.install()
+    cpu_activation.install()
     transpose_linears(model, layout)
     head_on_last_position(model)
     return model

@@ -85,9 +85,10 @@ def described(hosts: list[str], link: str | None) -> Site:
 def probe_here(model_dir: Path, threads: int) -> Machine:
     """This machine's rates for the model, with `threads` OpenBLAS threads as a rank has."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads)}
-    # as a rank runs it: the CPU backend's attention kernel installed (server.py does so)
+    # as a rank runs it: the CPU backend's attention and SwiGLU installed (server.py does so)
     code = (
-        "from engine import cpu_attention; cpu_attention.install(); "
+        "from engine import cpu_activation, cpu_attention; "
+        "cpu_attention.install(); cpu_activation.install(); "
         f"from distributed.step_probe import main; raise SystemExit(main([{str(model_dir)!r}]))"
     )
     argv = [sys.executable, "-m", "launcher.command", "exec", "--", "-c", code]
