@@ -2,11 +2,11 @@
 with the sigmoid's exponential from engine/cpu_attention.py's `exp2`.
 
 mlx-lm's `swiglu` compiles to one loop, but MLX's CPU backend runs its sigmoid as a scalar
-exp and a call to the C library's fmaf per element: 19-21 ms a layer over a 512-token
-prefill chunk of the default model (512 x 1,536), about a fifth of the chunk's time, and
-11.4 ms over the 30 layers of a 9-position decode step. Here 2.0 ms and 6.1 ms (a few
-compiled loops of arithmetic), within 3.5e-7 of it, relative (docs/BENCHMARKS.md, "Figures
-behind the code").
+exp and a call to the C library's fmaf per element: 19-21 ms a layer alone over a
+512-token prefill chunk of the default model (512 x 1,536; 9% of a prefill's samples in
+perf), and 11.0 ms over the 30 layers of a compiled 9-position decode step. Here 2.0-2.2 ms
+and 2.0 ms (a few compiled loops of arithmetic), within 3.5e-7 of it, relative
+(docs/BENCHMARKS.md, "Figures behind the code").
 
 `exp2` builds 2^i from the float's bits (mx.view), which a shapeless compile cannot trace,
 so `swiglu` compiles per shape; to bound those traces, the rows go in blocks of BLOCK (one
