@@ -31,7 +31,7 @@ from distributed.memory import activation_bytes, prefix_budget
 from distributed.overhead import BUFFER_CACHE_BYTES, overhead
 from distributed.runtime import RankRuntime
 from distributed.wake import WakeError, WakeReceiver, WakeSender, open_wake_channel
-from engine import cpu_activation, cpu_attention
+from engine import cpu_kernels
 from engine.build import LoadedRank, build_engine
 from engine.cpu_linear import transpose_linears
 from engine.heap import limit_buffer_cache
@@ -63,8 +63,7 @@ def main(settings: Settings) -> int:
     log.info(
         "rank %d of %d on %s (backend %s)", ident.rank, ident.world_size, ident.host, ident.backend
     )
-    if cpu_attention.install():
-        cpu_activation.install()  # the same condition: MLX on its CPU device
+    if cpu_kernels.install():
         log.debug("attention and SwiGLU: kernels for MLX's CPU backend (engine/cpu_*.py)")
     cache = limit_buffer_cache(BUFFER_CACHE_BYTES)
     log.debug("MLX buffer cache: at most %d MiB (distributed/overhead.py)", cache // 2**20)

@@ -9,8 +9,7 @@ printed. (In the server: bench.step_time with --env COMPILED_DECODE=off, then au
 - compiled: the engine's compiled step (engine/compiled_decode.py) over a batch cache of
   one row, as the server decodes one request.
 
-Every way installs engine/cpu_attention.py and engine/cpu_activation.py as the ranks do.
-The tokens must agree.
+Every way installs engine/cpu_kernels.py as the ranks do. The tokens must agree.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
-from engine import cpu_activation, cpu_attention
+from engine import cpu_kernels
 from engine.batch_caches import merged
 from engine.compiled_decode import CompiledDecode
 
@@ -91,8 +90,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    cpu_attention.install()
-    cpu_activation.install()
+    cpu_kernels.install()
     model, _ = load_model(args.model)
     model.eval()
     ways = {"eager": eager, "async": pipelined, "compiled": compiled}

@@ -27,7 +27,7 @@ from mlx_lm.utils import load_model
 
 from bench.compiled_decode import DEFAULT_MODEL
 from config.settings import LinearLayout
-from engine import cpu_activation, cpu_attention
+from engine import cpu_kernels
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
 from engine.cpu_linear import transpose_linears
@@ -39,8 +39,7 @@ def served_model(path: Path, layout: LinearLayout = "plain") -> nn.Module:
     """The model at `path` set up as server.py sets it up on MLX's CPU backend."""
     model, _ = load_model(path)
     model.eval()
-    cpu_attention.install()
-    cpu_activation.install()
+    cpu_kernels.install()
     transpose_linears(model, layout)
     head_on_last_position(model)
     return model

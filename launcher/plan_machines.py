@@ -87,8 +87,7 @@ def probe_here(model_dir: Path, threads: int) -> Machine:
     env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads)}
     # as a rank runs it: the CPU backend's attention and SwiGLU installed (server.py does so)
     code = (
-        "from engine import cpu_activation, cpu_attention; "
-        "cpu_attention.install(); cpu_activation.install(); "
+        "from engine import cpu_kernels; cpu_kernels.install(); "
         f"from distributed.step_probe import main; raise SystemExit(main([{str(model_dir)!r}]))"
     )
     argv = [sys.executable, "-m", "launcher.command", "exec", "--", "-c", code]

@@ -103,7 +103,8 @@ static inline __attribute__((always_inline)) void dot_block(
   for (int n = n0; n < n1; n += 2) {
     int two = n + 1 < n1;
     const float *b0 = b + (long)n * ldb, *b1 = two ? b0 + ldb : b0;
-    vec acc0[BLOCK], acc1[BLOCK]; /* fixed size: GCC keeps these in registers, a VLA [M] on the stack */
+    /* fixed size: GCC keeps these in registers, and kept a variable-length [M] on the stack */
+    vec acc0[BLOCK], acc1[BLOCK];
     for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (vec){0};
     int t = 0;
     for (; t + LANES <= k; t += LANES) {

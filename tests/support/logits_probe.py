@@ -38,7 +38,7 @@ from distributed.loader import load_rank_model, weight_bytes  # noqa: E402
 from distributed.memory import activation_bytes, kv_bytes, predict_weight_bytes  # noqa: E402
 from distributed.plan import make_plan  # noqa: E402
 from distributed.plan_text import describe  # noqa: E402
-from engine import cpu_activation, cpu_attention  # noqa: E402
+from engine import cpu_kernels  # noqa: E402
 from engine.batch_caches import left_pad, merged  # noqa: E402
 from engine.prefix_store import kv_bytes_per_token  # noqa: E402
 
@@ -150,8 +150,7 @@ def main() -> None:
     out = Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     group = mx.distributed.init(strict=False, backend="ring")
-    cpu_attention.install()  # as server.py does
-    cpu_activation.install()
+    cpu_kernels.install()  # as server.py does
     # mlx.launch busy-loops relaying our stdin while it stays open; the caller sends it
     # one byte after every rank printed this line, and then it stops.
     null = os.open(os.devnull, os.O_RDONLY)
