@@ -2,7 +2,7 @@
 against mlx_lm.server as shipped and given our kernels, at 1 and 2 ranks.
 
     .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 8] [--markdown FILE] \
-        [--set tuned|held-out|all] [--servers on off peer peer-rows]
+        [--set tuned|held-out|all] [--servers on off peer peer-rows] [--parallelism tensor]
 
 For each rank count, servers on the same model, one after another: ours with
 SPECULATIVE=auto, ours with SPECULATIVE=off, mlx_lm.server as shipped (`peer`) and with our
@@ -10,8 +10,11 @@ few-row sgemm (`peer-rows`: the engine's ratio). Above 1 rank the peer cannot sp
 default model's 9 heads, and the even-head variant it could split answers gibberish, which
 copies nothing: it serves the default model as ministral3 (bench/pipeline_model.py: the same
 weights, tokens and logits) split by layers (`--pipeline`), and ours the model as it is,
-split as its plan picks (PARALLELISM=auto). Each workload is one greedy request, alone:
-decode tokens/s from its streamed chunks (first to last), as a client sees it.
+split by `--parallelism` (tensor unless told: `auto` picks by measured speed at each start,
+and the split sets the order of the sums, so two starts could give different greedy
+answers). Each workload is one greedy request, alone: decode tokens/s from its streamed
+chunks (first to last), as a client sees it; the table gives the answers' lengths, on and
+off, so a ratio over different answers shows.
 
 With speculation on, each workload runs once more over rank 0's socket, whose Deltas say
 how many of their tokens were proposals a step accepted (`accepted`). The answer's copied
@@ -122,14 +125,15 @@ def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: 
     peers = {"peer", "peer-rows"} & set(args.servers)
     if ranks > 1 and peers:  # a model the peer can split: by layers, answering as ours does
         peer_model = make_pipeline_variant(model, args.cache_dir / f"ministral3-{model.name}")
+    ours = env | {"PARALLELISM": args.parallelism}
     servers: dict[str, Ours | Peer] = {
         "on": Ours(
             ranks,
-            env | {"SPECULATIVE": "auto", "SPEC_TOKENS": str(args.spec_tokens)},
+            ours | {"SPECULATIVE": "auto", "SPEC_TOKENS": str(args.spec_tokens)},
             model,
             workdir,
         ),
-        "off": Ours(ranks, env | {"SPECULATIVE": "off"}, model, workdir),
+        "off": Ours(ranks, ours | {"SPECULATIVE": "off"}, model, workdir),
     }
     pipeline = ranks > 1
     servers["peer"] = Peer(ranks, env, peer_model, workdir, True, False, pipeline)  # as shipped
@@ -156,19 +160,27 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 
+def _lengths(by: dict[str, Any], name: str) -> str:
+    """The answer's tokens, on and off: one figure where they agree."""
+    counts = [by.get(k, {}).get(name, {}).get("tokens") for k in ("on", "off")]
+    known = [str(c) for c in counts if c is not None]
+    return " / ".join(dict.fromkeys(known)) or "-"
+
+
 def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -> str:
     lines = [
         f"Speculation on edits ({started}, `python -m bench.spec_edits --ranks "
-        f"{' '.join(map(str, args.ranks))} --spec-tokens {args.spec_tokens} --set {args.set}`)",
+        f"{' '.join(map(str, args.ranks))} --spec-tokens {args.spec_tokens} --set {args.set} "
+        f"--parallelism {args.parallelism}`)",
         "",
     ]
     for ranks, by in results.items():
         lines += [
             f"{ranks} rank(s): decode tok/s per request",
             "",
-            "| workload | copied | accepted of copied | on | off | peer | peer-rows | on/off "
-            "| on/peer | on/peer-rows |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| workload | tokens | copied | accepted of copied | on | off | peer | peer-rows "
+            "| on/off | on/peer | on/peer-rows |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for workload in SETS[args.set]:
             name = workload.name
@@ -179,7 +191,7 @@ def markdown(results: dict[int, dict], args: argparse.Namespace, started: str) -
             )
             accepted = share.get("accepted_of_copied")
             lines.append(
-                f"| {name} | {share.get('copied', 0):.0%} | "
+                f"| {name} | {_lengths(by, name)} | {share.get('copied', 0):.0%} | "
                 f"{'-' if accepted is None else f'{accepted:.0%}'} | {on or 0:.1f} | "
                 f"{off or 0:.1f} | {f'{peer:.1f}' if peer else '-'} | "
                 f"{f'{rows:.1f}' if rows else '-'} | {_ratio(on, off)} | {_ratio(on, peer)} | "
@@ -196,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", choices=list(SETS), default="tuned", help="the workloads")
     parser.add_argument(
         "--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="those to run"
+    )
+    parser.add_argument(
+        "--parallelism",
+        default="tensor",
+        help="ours' split above 1 rank (PARALLELISM): tensor, pipeline, expert or auto",
     )
     add_run_options(parser, "spec_edits")
     args = parser.parse_args(argv)
