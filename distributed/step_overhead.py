@@ -37,14 +37,15 @@ CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (do
 # A rank with one core or less while it computes (a tensor or expert split's ranks sharing
 # a host's cores, or a one-core host), bench/step_overhead.py --one-core: MLX's thread that
 # builds and dispatches the step and the threads that run its kernels take turns on the
-# core where they overlapped on two. The tiny models' steps under `taskset -c 0`, six
-# rounds: 0.531 ms a layer, a fixed part within noise of none; a full-size layer's extra
-# (0.121 ms) and 0.0934 ms more a decode row and layer from three one-rank runs of the
-# default model on one core, whose prefills' rows cost what they do on two (predicted
-# within 6%). With it the 2-rank tensor split's steps on this host's 2 cores went from
-# -18% / -28% at 1 / 8 clients to within 2% (the same runs, docs/BENCHMARKS.md).
+# core where they overlapped on two. Fitted on the Xeon host (2026-11-29) after SwiGLU's
+# own kernel (engine/cpu_activation.py) made a decode row cheaper: the tiny models' steps
+# under `taskset -c 0`, two rounds: 1.63 ms a step, 0.387 a layer; a full-size layer's
+# extra (0.040 ms) and 0.0364 ms more a decode row and layer from three one-rank runs of the
+# default model on one core (the AMD host's figures before it, 0.652 a layer and 0.0934 a
+# row and layer, read those runs +11 to +14% / +12 to +24% at 1 / 8 clients, now -1 to +1% /
+# -6 to +4%, and the 2-rank tensor split's medians +20% / +43%, now +3% / +16%: docs/BENCHMARKS.md).
 CPU_ONE_CORE_OVERHEAD = Overhead(
-    0.0, 0.652, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0934
+    1.629, 0.427, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0364
 )
 # The same two, measured alike with COMPILED_DECODE=off (`--eager`, 2026-11-27: the tiny
 # models' steps through the origin, three rounds each, and three one-rank runs each), for
