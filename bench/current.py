@@ -58,11 +58,15 @@ def slug(text: str) -> str:
 def record(
     run: dict[str, Any], command: str, machine: str, directory: Path = RECORDS
 ) -> list[Path]:
-    """One record per setup of a bench.compare run (its JSON, as compare writes it)."""
+    """One record per setup of a bench.compare run (its JSON, as compare writes it) that
+    some peer measured: a setup every peer sat out (the peer cannot split the model) has
+    no ratio to keep, and keeps the record it had."""
     directory.mkdir(parents=True, exist_ok=True)
     kind = backend()
     written = []
     for setup, ratios in run["ratios"].items():
+        if not any(ratios.values()):
+            continue
         entry = {
             "backend": kind,
             "setup": setup,
