@@ -41,9 +41,10 @@ CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (do
 # own kernel (engine/cpu_activation.py) made a decode row cheaper: the tiny models' steps
 # under `taskset -c 0`, two rounds: 1.63 ms a step, 0.387 a layer; a full-size layer's
 # extra (0.040 ms) and 0.0364 ms more a decode row and layer from three one-rank runs of the
-# default model on one core (the AMD host's figures before it, 0.652 a layer and 0.0934 a
-# row and layer, read those runs +11 to +14% / +12 to +24% at 1 / 8 clients, now -1 to +1% /
-# -6 to +4%, and the 2-rank tensor split's medians +20% / +43%, now +3% / +16%: docs/BENCHMARKS.md).
+# default model on one core. The AMD host's figures before it (0.652 a layer, 0.0934 a row
+# and layer) read those runs +11 to +14% / +12 to +24% at 1 / 8 clients, now -1 to +1% /
+# -6 to +4%; the 2-rank tensor split's medians +20% / +43%, now +3% / +16%
+# (docs/BENCHMARKS.md).
 CPU_ONE_CORE_OVERHEAD = Overhead(
     1.629, 0.427, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0364
 )
