@@ -141,16 +141,36 @@ class ChatPrompt:
     ) -> str:
         """A native template renders the tools after the first system message: the
         directory's paragraphs go in a second system message after it, where the template
-        renders one; else (it refuses or drops it) at the end of the first."""
+        renders one; else (it refuses or drops it) wherever more of the prompt comes before
+        them: the opening of the first user message (after the tools, where the template
+        renders them in the system turn) or the end of the first system message."""
         apart = [messages[0], {"role": "system", "content": paragraphs}, *messages[1:]]
-        try:
-            text = self._template(apart, prefill, kwargs)
-            if paragraphs.strip() in text:
-                return text
-        except Exception:  # a template that takes one system message, first
-            pass
+        text = self._rendered_with(apart, paragraphs, prefill, kwargs)
+        if text is not None:
+            return text
         first = {**messages[0], "content": _joined(messages[0]["content"], paragraphs)}
-        return self._template([first, *messages[1:]], prefill, kwargs)
+        in_system = self._template([first, *messages[1:]], prefill, kwargs)
+        user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        if user is None or not isinstance(messages[user]["content"], str):
+            return in_system
+        opened = {**messages[user], "content": _joined(paragraphs, messages[user]["content"])}
+        in_user = self._rendered_with(
+            [*messages[:user], opened, *messages[user + 1 :]], paragraphs, prefill, kwargs
+        )
+        if in_user is None or paragraphs.strip() not in in_system:
+            return in_user or in_system
+        where = paragraphs.strip()
+        return in_user if in_user.index(where) > in_system.index(where) else in_system
+
+    def _rendered_with(
+        self, messages: list[dict[str, Any]], paragraphs: str, prefill: bool, kwargs: dict
+    ) -> str | None:
+        """`messages` rendered, where the template takes them and keeps `paragraphs`."""
+        try:
+            text = self._template(messages, prefill, kwargs)
+        except Exception:  # a template that refuses the layout
+            return None
+        return text if paragraphs.strip() in text else None
 
     def _open_thinking(self, text: str) -> bool:
         """The prompt ends inside a thinking block (the template opened it)."""

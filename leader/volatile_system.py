@@ -15,9 +15,9 @@ that names an absolute filesystem path (not a URL's) moves after the rest, in it
 the model sees every word the client sent, the directory's paragraphs after the tools:
 in the fallback tool prompt's system message, or, where the template renders the tools
 after the first system message itself, in a second system message (leader/chat_prompt.py;
-a template that refuses one gets them at the end of the first, and there the tools are not
-reused across directories). Nothing is matched around content the model sees, and a chat
-without tools is rendered as sent.
+a template that refuses one gets them where more of the prompt comes before them: the
+opening of the first user message, or the end of the first system message). Nothing is
+matched around content the model sees, and a chat without tools is rendered as sent.
 """
 
 from __future__ import annotations

@@ -135,9 +135,9 @@ def agent_system(directory: str) -> list[ChatMessage]:
 @pytest.mark.parametrize("fixture", ["plain", "agent", "one_system"])
 def test_an_agents_directory_moves_after_what_every_project_shares(fixture, request):
     """Two projects' prompts share everything before the directory's paragraph, the tools
-    included (after them: the fallback prompt's system message, or a second system message
-    for a template that renders tools itself), else at the end of the system text (a
-    template that takes one system message); every word is still there."""
+    included (after them: the fallback prompt's system message, a second system message for
+    a template that renders tools itself, or the opening of the first user message where
+    the template takes one system message); every word is still there."""
     prompt = request.getfixturevalue(fixture)
     assert prompt.tool_format.native is (fixture != "plain")
     texts = [
@@ -150,7 +150,9 @@ def test_an_agents_directory_moves_after_what_every_project_shares(fixture, requ
     shared = texts[0][:before]
     assert "You are a coding agent." in shared and "Answer in English." in shared
     assert "https://example.com/docs/agents" in shared  # a URL's path stays where it was
-    assert ('"name": "get_weather"' in shared) is (fixture != "one_system")
+    assert '"name": "get_weather"' in shared
+    if fixture == "one_system":  # the first user turn opens with it
+        assert f"user\n{paragraph}\n\nHi" in texts[0]
     # without tools (a plain chat) the system prompt is rendered as sent
     plain_chat = prompt.render(chat(agent_system("/srv/alpha")), constrained=False).text
     assert "Keep them short.\n\nAnswer in English." in plain_chat
