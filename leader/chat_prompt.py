@@ -150,17 +150,16 @@ class ChatPrompt:
             return text
         first = {**messages[0], "content": _joined(messages[0]["content"], paragraphs)}
         in_system = self._template([first, *messages[1:]], prefill, kwargs)
+        placed: list[str | None] = [in_system]
         user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-        if user is None or not isinstance(messages[user]["content"], str):
-            return in_system
-        opened = {**messages[user], "content": _joined(paragraphs, messages[user]["content"])}
-        in_user = self._rendered_with(
-            [*messages[:user], opened, *messages[user + 1 :]], paragraphs, prefill, kwargs
-        )
-        if in_user is None or paragraphs.strip() not in in_system:
-            return in_user or in_system
+        if user is not None and isinstance(messages[user]["content"], str):
+            opened = {**messages[user], "content": _joined(paragraphs, messages[user]["content"])}
+            in_user = [*messages[:user], opened, *messages[user + 1 :]]
+            placed.append(self._rendered_with(in_user, paragraphs, prefill, kwargs))
         where = paragraphs.strip()
-        return in_user if in_user.index(where) > in_system.index(where) else in_system
+        kept = [text for text in placed if text is not None and where in text]
+        # the later the paragraphs, the more two projects share; a tie keeps the system's
+        return max(kept, key=lambda text: text.index(where), default=in_system)
 
     def _rendered_with(
         self, messages: list[dict[str, Any]], paragraphs: str, prefill: bool, kwargs: dict
