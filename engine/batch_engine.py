@@ -118,6 +118,7 @@ class BatchEngine:
         self.prefilling: list[Prefill] = []
         self.prefix = prefix or PrefixStore()
         self.memory = MemoryReport()
+        self._tail: list[mx.array] = []  # what the step's next forward runs after
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -230,7 +231,22 @@ class BatchEngine:
     # ---- compute -----------------------------------------------------------------
 
     def _forward(self, tokens: mx.array, cache: list) -> mx.array:
-        return self.model(tokens, cache=cache)[:, -1, :]
+        logits = self.model(self._in_turn(tokens), cache=cache)[:, -1, :]
+        self._tail = [logits]
+        return logits
+
+    def _in_turn(self, tokens: mx.array) -> mx.array:
+        """`tokens` for a forward that runs after the step's earlier ones, all of them.
+
+        A step can hold several forwards (the answers' decode, prompts' chunks, a last
+        chunk's rows and then its last token), evaluated together. MLX orders the
+        independent parts of an evaluation by the graph's shape, and ranks whose shares
+        differ (the default model's 6 and 3 heads at 2 ranks) build graphs of different
+        shapes: their all_sums ran in different orders and summed arrays of different
+        forwards, and every later answer was gibberish (a 481-token prompt, 2026-11-29).
+        A forward's tokens depending on the previous forward's last arrays leaves every
+        rank one order."""
+        return mx.depends([tokens], self._tail)[0] if self._tail else tokens
 
     def run(self, sampling: Sampling | None = None) -> StepResult:
         """Decode one token for the batch and prefill up to the chunk budget; eval all."""
@@ -242,6 +258,7 @@ class BatchEngine:
         rows: list[mx.array] = []
         seq_ids = list(self.decode_ids)
         widths = [1] * len(seq_ids)
+        self._tail = []  # the step's first forward: the last step was evaluated whole
         if self._decode_cache is not None and self._drafts:
             width = step_width(self._drafts)
             rows.append(self._verify(width))
@@ -252,6 +269,7 @@ class BatchEngine:
             logits = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
             rows.append(logits if logits is not None else self._forward(inputs, self._decode_cache))
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
+        self._tail = rows[-1:]
         budget, prefill_tokens, self.last_prefill = self.prefill_budget, 0, []
         # (entries, logits of their last positions, their batch cache or None)
         finished: list[tuple[list[Prefill], mx.array, list | None]] = []
@@ -281,7 +299,8 @@ class BatchEngine:
             end = min(len(entry.tokens), entry.position + budget)
             chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
             if end == len(entry.tokens) and chunk.shape[1] > LAST_TOKEN_ALONE:
-                self.model(chunk[:, :-1], cache=entry.cache)  # read only through the cache
+                self.model(self._in_turn(chunk[:, :-1]), cache=entry.cache)  # read: the cache
+                self._tail = _cache_arrays(entry.cache)
                 chunk = chunk[:, -1:]
             logits = self._forward(chunk, entry.cache)
             self.last_prefill.append((entry.length, end - entry.position))
@@ -294,7 +313,8 @@ class BatchEngine:
                     stored += self.prefix.put(entry.store_as, entry.cache, entry.length)
             else:
                 # Evaluate per chunk so the lazy graph of a long prompt stays small.
-                self._eval(_cache_arrays(entry.cache))
+                self._tail = _cache_arrays(entry.cache)
+                self._eval(self._tail)
         pending = []
         for entries, last, shared in finished:
             rows.append(last)

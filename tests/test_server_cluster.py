@@ -327,3 +327,51 @@ def test_status_sets_the_step_models_prediction_beside_the_measured_steps(defaul
     )
     assert re.search(r"decode step, predicted / measured: 1 row\(s\) [\d.]+ / ", summary.stdout)
     assert "measured at start: link measured (ring, 2 ranks)" in summary.stdout
+
+
+# ---- a step of several forwards, each rank holding a different share -----------------
+
+# The default model's 9 heads split 6 and 3 at 2 ranks, so the ranks' graphs differ in
+# shape; a prompt's last chunk of more than LAST_TOKEN_ALONE tokens runs two forwards in
+# one evaluation, and a prompt arriving beside an answer a third. The clusters above take
+# 16-token chunks, where neither happens.
+LONG_PROMPT = "Here are the harbour's notes for the week.\n" + "".join(
+    f"Day {day}: the ferry left at {6 + day % 5}:{15 * (day % 4):02d}, carried {40 + 7 * day} "
+    f"passengers and {day % 6} cars, and came back {day % 3 * 5} minutes late.\n"
+    for day in range(1, 15)
+)
+
+
+def _answers(cluster: Cluster) -> dict[str, list[int]]:
+    """A long prompt's greedy answer alone, then another's sent while a story decodes."""
+    long, story = greedy("long", LONG_PROMPT, 12), greedy("story", "Once upon a time", 40)
+    with cluster.client(timeout=300) as client:
+        _, tokens, _ = run_requests(client, [long])
+        client.send(story)
+        final: dict[str, Done | Error] = {}
+        while len(final) < 2:
+            message = client.recv()
+            assert message is not None, "rank 0 closed the connection"
+            if isinstance(message, Delta):
+                if message.id == "story" and "story" not in tokens:  # a prompt joins it
+                    client.send(greedy("beside", "Read these again.\n" + LONG_PROMPT, 12))
+                tokens.setdefault(message.id, []).extend(message.token_ids)
+            elif isinstance(message, Done | Error):
+                final[message.id] = message
+    beside = final["beside"]
+    assert isinstance(beside, Done) and beside.usage.prompt_tokens > 400, beside
+    return tokens
+
+
+def test_steps_of_several_forwards_answer_as_one_rank():
+    env = CLUSTER_ENV | {
+        "IMPORT_DTYPE": "float32",
+        "PREFILL_CHUNK_SIZE": "2048",
+        "MAX_SEQUENCE_LENGTH": "2048",
+    }
+    with Cluster("", ranks=1, env=env, ready_timeout=300) as one:
+        expected = _answers(one)
+    with Cluster("", ranks=2, env=env, ready_timeout=300) as two:
+        shares = [rank.share for rank in two.status().ranks]
+        assert "q heads 0-5 (6)" in shares[0] and "q heads 6-8 (3)" in shares[1]
+        assert _answers(two) == expected
