@@ -5,7 +5,10 @@ Code Edit call's old and new strings and a Codex apply_patch, plus a free text c
 Each is a chat any OpenAI-compatible server takes as it is. HELD_OUT is a second set
 (bench/workloads/held_out/: Go, YAML, SQL, HTML, Rust; a file read in an earlier turn; a
 second free-text control), written after the rule was last tuned and never used to tune it:
-the check that the rule holds on prompts it has not seen. `own_files()` edits this
+the check that the rule holds on prompts it has not seen. FRESH is a third such set
+(bench/workloads/fresh/: CSS, TypeScript, shell, C; an agent's edit whose file came back
+from its read_file tool call, with tools in the request; a second change to the model's own
+answer; a third free text). `own_files()` edits this
 repository's own files and asks for eight free texts of other kinds (bench/spec_replay.py
 replays them without a server). The default model (SmolLM2,
 135M) follows some of them and not others (it does not copy the 1,600-token file): each
@@ -18,8 +21,10 @@ bench/spec_edits.py reports per workload.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from config.settings import PROJECT_DIR
 
@@ -30,9 +35,15 @@ RUN = 8  # tokens: a copy shorter than this is not counted as one
 @dataclass(frozen=True)
 class Workload:
     name: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]  # as /v1/chat/completions takes them
     max_tokens: int
     edit: bool = True  # False: the free-text control
+    tools: list[dict[str, Any]] | None = None  # the request's tools, OpenAI's shape
+
+    def body(self) -> dict[str, Any]:
+        """The request a client sends (greedy, streamed by the sender)."""
+        extra = {"tools": self.tools} if self.tools else {}
+        return {"messages": self.messages, "max_tokens": self.max_tokens, **extra}
 
 
 def _file(name: str) -> str:
@@ -198,6 +209,113 @@ HELD_OUT = [
     ),
 ]
 
+
+def _fresh(name: str) -> str:
+    return _file(f"fresh/{name}")
+
+
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {key: {"type": "string"} for key in keys},
+                "required": list(keys),
+            },
+        },
+    }
+    for name, description, keys in (
+        ("read_file", "Read a file of the project.", ("path",)),
+        (
+            "edit_file",
+            "Replace old_string, copied exactly from the file, with new_string.",
+            ("path", "old_string", "new_string"),
+        ),
+    )
+]
+
+
+def _after_read() -> list[dict[str, Any]]:
+    """An agent's turn: the file came back from its read_file call; the edit is next."""
+    call = {"path": "gym/scheduler.py"}
+    return [
+        {"role": "system", "content": "You are a coding agent. Use the tools to read and edit."},
+        {
+            "role": "user",
+            "content": "In gym/scheduler.py, make book() refuse a member whose email is "
+            "empty with a BookingError.",
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": json.dumps(call)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": _fresh("scheduler.py")},
+    ]
+
+
+def _second_change() -> list[dict[str, Any]]:
+    """A second change to a file the model already returned changed: the answer copies
+    the model's own earlier answer."""
+    source = _fresh("ring_buffer.c")
+    changed = source.replace("#define RING_CAPACITY 64", "#define RING_CAPACITY 128")
+    return [
+        {
+            "role": "user",
+            "content": f"```c\n{source}```\n\nSet RING_CAPACITY to 128. {WHOLE}",
+        },
+        {"role": "assistant", "content": f"```c\n{changed}```"},
+        {"role": "user", "content": f"Now make ring_mean return 0 for a NULL ring too. {WHOLE}"},
+    ]
+
+
+# A third set, written on 2026-11-29 after every tuning of the rule (C, CSS, TypeScript,
+# shell, an agent's edit after its read_file call, a second change to the model's own
+# answer), and a third free-text control.
+FRESH = [
+    Workload("css 400", _first("the accent is #8f3f2f", "fresh/theme.css", "css", WHOLE), 550),
+    Workload(
+        "typescript 700",
+        _last("TAX_RATE is 0.19", "fresh/invoices.ts", "typescript", WHOLE),
+        900,
+    ),
+    Workload(
+        "shell 250, prose first",
+        [
+            {
+                "role": "user",
+                "content": "Say in one sentence what you will change, then give the whole "
+                "script with one change: keep 30 snapshots.\n\n```bash\n"
+                f"{_fresh('backup.sh')}```",
+            }
+        ],
+        400,
+    ),
+    Workload("python 850, after read_file", _after_read(), 500, tools=AGENT_TOOLS),
+    Workload("c 600, a second change", _second_change(), 800),
+    Workload(
+        "free text 3",
+        [
+            {
+                "role": "user",
+                "content": "Describe a walk along a river at dawn in early spring: the "
+                "light, the birds, the people you meet.",
+            }
+        ],
+        300,
+        edit=False,
+    ),
+]
+
 # (name, a file of this repository, its language, the change asked, max_tokens)
 OWN_EDITS = [
     ("own: rename in python", "leader/burst.py", "python", "rename `burst` to `take_burst`", 600),
@@ -235,7 +353,12 @@ def own_files() -> list[Workload]:
     return edits + free
 
 
-SETS = {"tuned": WORKLOADS, "held-out": HELD_OUT, "all": WORKLOADS + HELD_OUT}
+SETS = {
+    "tuned": WORKLOADS,
+    "held-out": HELD_OUT,
+    "fresh": FRESH,
+    "all": WORKLOADS + HELD_OUT + FRESH,
+}
 
 
 def copied(answer: list[int], prompt: list[int], run: int = RUN) -> list[bool]:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -42,15 +43,18 @@ class Endpoint:
 async def stream_chat(
     client: httpx.AsyncClient,
     endpoint: Endpoint,
-    prompt: str | list[dict[str, str]],
+    prompt: str | list[dict[str, Any]],
     max_tokens: int,
     result: RequestResult | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> RequestResult:
-    """Send one greedy streaming chat completion (a user prompt, or whole messages) and
-    time its content deltas (into `result` when given: a cancelled caller keeps them)."""
+    """Send one greedy streaming chat completion (a user prompt, or whole messages, with
+    `tools` where given) and time its content deltas (into `result` when given: a
+    cancelled caller keeps them)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body: dict = {
         "messages": messages,
+        **({"tools": tools} if tools else {}),
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -99,7 +103,11 @@ def _read_event(line: str, result: RequestResult) -> bool:
         result.error = str(error.get("message", error) if isinstance(error, dict) else error)
         return True
     for choice in event.get("choices") or []:
-        content = (choice.get("delta") or {}).get("content")
+        delta = choice.get("delta") or {}
+        calls = delta.get("tool_calls") or []  # a tool call's arguments arrive as text too
+        content = (delta.get("content") or "") + "".join(
+            (call.get("function") or {}).get("arguments") or "" for call in calls
+        )
         if content:
             result.chunk_times.append(time.perf_counter() - result.start)
             result.text += content

@@ -2,7 +2,7 @@
 against mlx_lm.server as shipped and given our kernels, at 1 and 2 ranks.
 
     .venv/bin/python -m bench.spec_edits [--ranks 1 2] [--spec-tokens 8] [--markdown FILE] \
-        [--set tuned|held-out|all] [--servers on off peer peer-rows] [--parallelism tensor]
+        [--set tuned|held-out|fresh|all] [--servers on off peer peer-rows] [--parallelism tensor]
 
 For each rank count, servers on the same model, one after another: ours with
 SPECULATIVE=auto, ours with SPECULATIVE=off, mlx_lm.server as shipped (`peer`) and with our
@@ -43,8 +43,11 @@ from bench.pipeline_model import make_pipeline_variant
 from bench.run_setup import add_run_options, run_each
 from bench.servers import Ours, Peer, log, wait_quiet
 from bench.stats import RequestResult
+from gateway.core import Limits
+from gateway.openai.convert import chat_submit
+from gateway.openai.protocol import ChatCompletionRequest
 from ipc.client import RankClient
-from ipc.protocol import ChatMessage, Delta, Done, Error, SamplingParams, Submit
+from ipc.protocol import Delta, Done, Error
 from leader.request_setup import RequestSetup
 
 SERVERS = ("on", "off", "peer", "peer-rows")
@@ -53,7 +56,9 @@ SERVERS = ("on", "off", "peer", "peer-rows")
 async def _one(endpoint: Endpoint, workload: Workload) -> RequestResult:
     timeout = httpx.Timeout(endpoint.timeout, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
-        return await stream_chat(client, endpoint, workload.messages, workload.max_tokens)
+        return await stream_chat(
+            client, endpoint, workload.messages, workload.max_tokens, tools=workload.tools
+        )
 
 
 def over_http(endpoint: Endpoint, workloads: list[Workload]) -> dict[str, dict[str, Any]]:
@@ -75,11 +80,11 @@ def over_http(endpoint: Endpoint, workloads: list[Workload]) -> dict[str, dict[s
 def accepted_flags(socket: Path, workload: Workload) -> list[tuple[int, bool]]:
     """The answer over rank 0's socket: each token, and whether it was an accepted proposal
     (a Delta's first `accepted` tokens)."""
-    params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0)
-    messages = [ChatMessage(**m) for m in workload.messages]  # type: ignore[arg-type]
+    body = ChatCompletionRequest.model_validate(workload.body() | {"temperature": 0.0})
+    submit = chat_submit(body, "share", Limits(default_max_tokens=workload.max_tokens))
     tokens: list[tuple[int, bool]] = []
     with RankClient(socket, timeout=600) as client:
-        client.send(Submit(id="share", messages=messages, params=params))
+        client.send(submit)
         while True:
             message = client.recv()
             if isinstance(message, Delta):
@@ -104,7 +109,7 @@ def copy_share(
             out[workload.name] = {"error": str(exc)[:200]}
             log(f"  {workload.name}: {out[workload.name]}")
             continue
-        prompt = rendered("/v1/chat/completions", {"messages": workload.messages}, setup)
+        prompt = rendered("/v1/chat/completions", workload.body(), setup)
         answer = [token for token, _ in flags]
         mask = copied(answer, prompt)
         in_copies = [accepted for (_, accepted), hit in zip(flags, mask, strict=True) if hit]

@@ -167,7 +167,7 @@ def greedy_answers(
     held = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
     out, model = {}, None
     for workload in workloads:
-        prompt = rendered("/v1/chat/completions", {"messages": workload.messages}, setup)
+        prompt = rendered("/v1/chat/completions", workload.body(), setup)
         key = hashlib.sha256(json.dumps([str(model_dir), prompt, workload.max_tokens]).encode())
         if key.hexdigest() in held:
             out[workload.name] = held[key.hexdigest()]

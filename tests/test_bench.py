@@ -97,7 +97,11 @@ def test_stream_events() -> None:
     assert not _read_event('data: {"choices": [{"delta": {"role": "assistant"}}]}', result)
     usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}
     assert not _read_event("data: " + json.dumps(usage), result)
-    assert len(result.chunk_times) == 1
+    call = {"index": 0, "function": {"name": "edit_file", "arguments": '{"path": '}}
+    assert not _read_event(
+        "data: " + json.dumps({"choices": [{"delta": {"tool_calls": [call]}}]}), result
+    )
+    assert len(result.chunk_times) == 2 and result.text == 'Hi{"path": '  # arguments are text
     assert (result.prompt_tokens, result.completion_tokens) == (9, 4)
     assert _read_event("data: [DONE]", result)
     failed = RequestResult()
@@ -335,3 +339,24 @@ def test_published_figures_table_names_its_sources_and_what_does_not_fit() -> No
     assert all(("seeds" in r or "github.com" in r or "jeffgeerling" in r) for r in rows[1:])
     single = next(r for r in rows if r.startswith("| DeepSeek V3.1 8-bit, 1 x"))
     assert "does not fit: 713 GB of weights a Mac" in single
+
+
+def test_every_edit_workload_is_a_valid_chat_request() -> None:
+    """Each workload converts as the API converts it (tool calls and results included)."""
+    from bench.edit_workloads import SETS
+    from gateway.core import Limits
+    from gateway.openai.convert import chat_submit
+    from gateway.openai.protocol import ChatCompletionRequest
+
+    for workload in SETS["all"]:
+        submit = chat_submit(
+            ChatCompletionRequest.model_validate(workload.body()), "w", Limits(default_max_tokens=1)
+        )
+        assert submit.params.max_tokens == workload.max_tokens
+        assert len(submit.messages) == len(workload.messages)
+        assert bool(submit.tools) == bool(workload.tools), workload.name
+    after_read = next(w for w in SETS["fresh"] if w.tools)
+    turns = chat_submit(
+        ChatCompletionRequest.model_validate(after_read.body()), "w", Limits(default_max_tokens=1)
+    ).messages
+    assert turns[2].tool_calls[0].name == "read_file" and turns[3].role == "tool"
