@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.loadgen import function_tool
 from config.settings import PROJECT_DIR
 
 FILES = Path(__file__).parent / "workloads"
@@ -215,26 +216,12 @@ def _fresh(name: str) -> str:
 
 
 AGENT_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {key: {"type": "string"} for key in keys},
-                "required": list(keys),
-            },
-        },
-    }
-    for name, description, keys in (
-        ("read_file", "Read a file of the project.", ("path",)),
-        (
-            "edit_file",
-            "Replace old_string, copied exactly from the file, with new_string.",
-            ("path", "old_string", "new_string"),
-        ),
-    )
+    function_tool("read_file", "Read a file of the project.", {"path": ""}),
+    function_tool(
+        "edit_file",
+        "Replace old_string, copied exactly from the file, with new_string.",
+        {"path": "", "old_string": "", "new_string": ""},
+    ),
 ]
 
 

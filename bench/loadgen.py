@@ -40,6 +40,23 @@ class Endpoint:
     timeout: float = 600.0
 
 
+def function_tool(name: str, description: str, arguments: dict[str, str]) -> dict[str, Any]:
+    """An OpenAI function tool whose arguments are required strings, each with its
+    description (none where it is empty)."""
+    properties = {
+        key: {"type": "string", **({"description": text} if text else {})}
+        for key, text in arguments.items()
+    }
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(arguments)},
+        },
+    }
+
+
 async def stream_chat(
     client: httpx.AsyncClient,
     endpoint: Endpoint,

@@ -22,6 +22,7 @@ from distributed.watchdog import EvalGuard
 from engine.batch_caches import left_pad, merged, roll_back
 from engine.batch_sampler import Sampled, sample
 from engine.compiled_decode import CompiledDecode
+from engine.forward_order import ForwardOrder
 from engine.memory_report import MemoryReport
 from engine.prefill_group import Prefill, fresh_group
 from engine.prefix_store import PrefixStore
@@ -118,7 +119,7 @@ class BatchEngine:
         self.prefilling: list[Prefill] = []
         self.prefix = prefix or PrefixStore()
         self.memory = MemoryReport()
-        self._tail: list[mx.array] = []  # what the step's next forward runs after
+        self._order = ForwardOrder()
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -231,22 +232,8 @@ class BatchEngine:
     # ---- compute -----------------------------------------------------------------
 
     def _forward(self, tokens: mx.array, cache: list) -> mx.array:
-        logits = self.model(self._in_turn(tokens), cache=cache)[:, -1, :]
-        self._tail = [logits]
-        return logits
-
-    def _in_turn(self, tokens: mx.array) -> mx.array:
-        """`tokens` for a forward that runs after the step's earlier ones, all of them.
-
-        A step can hold several forwards (the answers' decode, prompts' chunks, a last
-        chunk's rows and then its last token), evaluated together. MLX orders the
-        independent parts of an evaluation by the graph's shape, and ranks whose shares
-        differ (the default model's 6 and 3 heads at 2 ranks) build graphs of different
-        shapes: their all_sums ran in different orders and summed arrays of different
-        forwards, and every later answer was gibberish (a 481-token prompt, 2026-11-29).
-        A forward's tokens depending on the previous forward's last arrays leaves every
-        rank one order."""
-        return mx.depends([tokens], self._tail)[0] if self._tail else tokens
+        logits = self.model(self._order.next(tokens), cache=cache)[:, -1, :]
+        return self._order.ran([logits])[0]
 
     def run(self, sampling: Sampling | None = None) -> StepResult:
         """Decode one token for the batch and prefill up to the chunk budget; eval all."""
@@ -258,7 +245,7 @@ class BatchEngine:
         rows: list[mx.array] = []
         seq_ids = list(self.decode_ids)
         widths = [1] * len(seq_ids)
-        self._tail = []  # the step's first forward: the last step was evaluated whole
+        self._order.start_step()
         if self._decode_cache is not None and self._drafts:
             width = step_width(self._drafts)
             rows.append(self._verify(width))
@@ -269,7 +256,7 @@ class BatchEngine:
             logits = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
             rows.append(logits if logits is not None else self._forward(inputs, self._decode_cache))
             self.decode_lengths = [n + 1 for n in self.decode_lengths]
-        self._tail = rows[-1:]
+        self._order.ran(rows[-1:])
         budget, prefill_tokens, self.last_prefill = self.prefill_budget, 0, []
         # (entries, logits of their last positions, their batch cache or None)
         finished: list[tuple[list[Prefill], mx.array, list | None]] = []
@@ -299,8 +286,8 @@ class BatchEngine:
             end = min(len(entry.tokens), entry.position + budget)
             chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
             if end == len(entry.tokens) and chunk.shape[1] > LAST_TOKEN_ALONE:
-                self.model(self._in_turn(chunk[:, :-1]), cache=entry.cache)  # read: the cache
-                self._tail = _cache_arrays(entry.cache)
+                self.model(self._order.next(chunk[:, :-1]), cache=entry.cache)  # read: cache
+                self._order.ran(_cache_arrays(entry.cache))
                 chunk = chunk[:, -1:]
             logits = self._forward(chunk, entry.cache)
             self.last_prefill.append((entry.length, end - entry.position))
@@ -313,8 +300,7 @@ class BatchEngine:
                     stored += self.prefix.put(entry.store_as, entry.cache, entry.length)
             else:
                 # Evaluate per chunk so the lazy graph of a long prompt stays small.
-                self._tail = _cache_arrays(entry.cache)
-                self._eval(self._tail)
+                self._eval(self._order.ran(_cache_arrays(entry.cache)))
         pending = []
         for entries, last, shared in finished:
             rows.append(last)
@@ -327,11 +313,8 @@ class BatchEngine:
         sampled = None
         arrays: list[mx.array] = []
         if output is not None:
-            # Every rank must run the step's collectives in one order, and MLX orders an
-            # evaluation by the arrays it is given: so every rank starts the same list
-            # first, and rank 0 adds its sampling (no collectives) after it. (Given one
-            # list with the sampled tokens first, rank 0 ran independent prefills in
-            # another order than rank 1 and their all_sums paired up wrongly.)
+            # Every rank evaluates the same list first (engine/forward_order.py); rank 0
+            # adds its sampling (no collectives) after it.
             arrays = [output, *pending, *stored]
             # Under the watchdog too: on MLX's CPU backend much of the evaluation (its
             # all_sums included) runs before async_eval returns, so a stalled peer can

@@ -27,22 +27,12 @@ from typing import Any
 
 import httpx
 
+from bench.loadgen import function_tool
 from bench.stats import TokenCounts
 from ipc.processes import rss_bytes
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {arg: {"type": "string", "description": f"the {arg}"}},
-                "required": [arg],
-            },
-        },
-    }
+    function_tool(name, description, {arg: f"the {arg}"})
     for name, description, arg in (
         ("read_file", "Read a file of the project and return its text.", "path"),
         ("edit_file", "Replace a file's text with new text.", "path"),
