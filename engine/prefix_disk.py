@@ -44,7 +44,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 log = logging.getLogger("ring.prefix")
-FORMAT = 1  # bump when the file layout changes: older directories are never read
+FORMAT = 2  # bump when the file layout changes: older directories are never read
+# 2: entries saved before engine/forward_order.py may hold a split's wrongly summed KV
 STALE_DAYS = 7  # directories of other models or splits unused this long are removed
 CLOSE_SECONDS = 8.0  # a stop's wait for queued saves: the supervisor signals the ranks 10 s
 # after its shutdown message (a 12K-token turn of a 70B model is about a GB per rank: seconds)
