@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_map
+from mlx_lm.models import activations
 from mlx_lm.models.switch_layers import SwitchGLU
 
 from distributed.chips import this_chip
@@ -220,11 +221,13 @@ def _row_work(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> float:
     norms and residual sums over the hidden size, the queries, keys and values into heads
     with their rotation, and the dense MLP's activation over its columns (a MoE layer's
     routed experts' is in their probe; its shared experts' is counted), on ROW_ELEMENTS'
-    worth of rows (at most ATTENTION_CHUNK). The default model's layer on 128 to 1,440
-    rows, less its products at the probe's rate and its attention timed alone, left
-    0.037-0.041 ms a row on the Xeon host; this work takes 0.037-0.040 there (the
-    activation 0.030 of it); the bench's MoE model's 0.0065-0.0074, where its prefill
-    left 0.004-0.014."""
+    worth of rows (at most ATTENTION_CHUNK). The activation is the one the families call
+    (engine/cpu_activation.py's kernel where it is installed): the default model's layer
+    on 128 to 1,440 rows, less its products at the probe's rate and its attention timed
+    alone, left 0.037-0.041 ms a row on the Xeon host before that kernel, when this work
+    took 0.037-0.040 (the activation 0.030 of it); with it, 0.0095-0.0128 (two probes), and
+    timing mlx's own activation here had kept 0.0374 and one rank's prefill predicted 18-30%
+    slow. The bench's MoE model's 0.0065-0.0074, where its prefill left 0.004-0.014."""
     hidden, heads, kv_heads, dim = (
         shape.hidden_size, shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
     )  # fmt: skip
@@ -251,8 +254,8 @@ def _row_work(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> float:
         queries = into_heads(q, heads, True)
         out += [queries.transpose(0, 2, 1, 3).reshape(1, rows, -1)]
         out += [into_heads(kv, kv_heads, True), into_heads(kv, kv_heads, False)]
-        if mlp:
-            out.append(gate * mx.sigmoid(gate) * up)
+        if mlp:  # as the families call it: the CPU backend's kernel where it is installed
+            out.append(activations.swiglu(gate, up))
         mx.eval(out)
 
     return median_ms(run, REPEATS, 3 * LONG_PASS_MS, floor_ms) / rows
