@@ -148,7 +148,7 @@ class Speed:
         # a prefill row's cost as measured, and a decode row's as calibrated (the same
         # sum); measured while the host's ranks probed at once, as the rates were, where
         # predict multiplies every overhead by the crowding: 3 ranks on the 2 cores here
-        # read 0.065-0.077 ms against one rank's 0.037-0.040
+        # read 0.065-0.077 ms against one rank's 0.037-0.040 (timing mlx's own activation)
         row = machine.row_layer_ms / (self.crowd(rank) if self.rates_shared else 1.0)
         extra = kind.decode_row_layer_ms + kind.row_layer_ms - row
         return replace(kind, row_layer_ms=row, decode_row_layer_ms=extra)
