@@ -99,13 +99,18 @@ def this_chip() -> str:
 class Link:
     """What one collective costs on a link: `latency_us`, a small all_sum between two ranks
     (every extra rank of a ring adds one more hop, a mesh none), plus the bytes over
-    `gb_s`. `source` says where the figures come from."""
+    `gb_s`; where measured, the bytes a rank moves past `bulk_bytes` at `bulk_gb_s` (a
+    prefill chunk's all_sum: 3.3 MB of them cost 20-75 ms over the loopback here, where
+    the line through a decode's sizes gave 1.2). `source` says where the figures come
+    from."""
 
     name: str
     latency_us: float
     gb_s: float
     topology: str  # "ring" (MLX's ring backend over TCP) or "mesh" (jaccl, every pair cabled)
     source: str
+    bulk_bytes: float = 0.0
+    bulk_gb_s: float = 0.0  # 0: the line holds at every size
 
     def traffic(self, kind: str, nbytes: float, ranks: int) -> tuple[int, float]:
         """(hops, bytes each rank moves) of one collective: an all_sum of `nbytes` (the
@@ -123,7 +128,16 @@ class Link:
     def ms(self, kind: str, nbytes: float, ranks: int) -> float:
         """One collective's time: each hop's latency plus the bytes over the rate."""
         hops, moved = self.traffic(kind, nbytes, ranks)
-        return hops * self.latency_us / 1e3 + moved / (self.gb_s * 1e6)
+        line = min(moved, self.bulk_bytes) if self.bulk_gb_s else moved
+        bulk = (moved - line) / (self.bulk_gb_s * 1e6) if self.bulk_gb_s else 0.0
+        return hops * self.latency_us / 1e3 + line / (self.gb_s * 1e6) + bulk
+
+    def describe(self) -> str:
+        """The link's figures in a line: `25 us + 8 GB/s a collective`."""
+        bulk = ""
+        if self.bulk_gb_s:
+            bulk = f", past {self.bulk_bytes / 1e3:.0f} KB {self.bulk_gb_s:.2f} GB/s"
+        return f"{self.latency_us:.0f} us + {self.gb_s:.2f} GB/s a collective{bulk}"
 
     def all_sum_ms(self, nbytes: float, ranks: int) -> float:
         """One all_sum of `nbytes` among `ranks` ranks."""

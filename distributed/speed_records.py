@@ -79,17 +79,25 @@ def speed_record(speed: Speed) -> dict[str, Any]:
     link = speed.link
     return {
         "machines": [machine_record(m) for m in speed.machines],
-        "link": [link.name, link.latency_us, link.gb_s, link.topology],
+        "link": [
+            link.name,
+            link.latency_us,
+            link.gb_s,
+            link.topology,
+            link.bulk_bytes,
+            link.bulk_gb_s,
+        ],
         "crowding": list(speed.crowding),
         "rates_shared": speed.rates_shared,
     }
 
 
 def speed_from_record(record: dict[str, Any]) -> Speed:
-    name, latency, rate, topology = record["link"]
+    name, latency, rate, topology, *bulk = record["link"]  # records before the bulk: 4
+    bulk_bytes, bulk_gb_s = (float(b) for b in bulk) if bulk else (0.0, 0.0)
     return Speed(
         tuple(machine_from_record(m) for m in record["machines"]),
-        Link(name, float(latency), float(rate), topology, "recorded"),
+        Link(name, float(latency), float(rate), topology, "recorded", bulk_bytes, bulk_gb_s),
         tuple(record.get("crowding", ())),
         bool(record.get("rates_shared", False)),
     )

@@ -377,5 +377,5 @@ def describe_speed(speed: Speed) -> str:
                 "TFLOPS (specified)"
             )
     link = speed.link
-    parts.append(f"link {link.name}: {link.latency_us:.0f} us + {link.gb_s:.2f} GB/s a collective")
+    parts.append(f"link {link.name}: {link.describe()}")
     return "step-time model: " + "; ".join(parts)

@@ -4,8 +4,9 @@ ranks (distributed/step_model.py), in about a second (a few where a CPU's cache 
 - The machine: each rank's rates (distributed/machine_probe.py). The ranks probe at once,
   so ranks sharing a host's cores measure the rate they will get together.
 - The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
-  state of 1, 8, 16 and PREFILL_ROWS rows) before the machine's probe and again after it,
-  and fit a fixed cost plus a cost per byte to each size's cheaper time (`LinkTimes`).
+  state of 1, 8, 16 and PREFILL_ROWS rows, and of BULK_ROWS, a prefill chunk's) before
+  the machine's probe and again after it, and fit a fixed cost plus a cost per byte to
+  each size's cheaper time, and a second cost per byte past PREFILL_ROWS (`LinkTimes`).
 
 One all_gather then gives every rank every rank's figures, so every rank plans from the
 same numbers (PARALLELISM=auto, distributed/plan_speed.py).
@@ -35,6 +36,11 @@ from distributed.step_model import Speed
 
 log = logging.getLogger("ring.plan")
 LINK_REPEATS = 12
+# A prefill chunk's all_sum, timed apart: over the loopback here the line through the
+# smaller sizes gave a 1,440-row all_sum of the default model 2.5 ms where it took 20-75
+# (bench.collective_gap), and the tensor split's prefill read 7-23% fast.
+BULK_ROWS = 1024
+BULK_REPEATS = 4
 MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 
 
@@ -43,17 +49,36 @@ MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 
 @dataclass(frozen=True)
 class LinkTimes:
-    """The median ms of all_sums of each size (bytes), one pass of the link's probe."""
+    """The median ms of all_sums of each size (bytes), one pass of the link's probe, and
+    of a prefill chunk's (`bulk`: bytes, ms; none where not timed)."""
 
     sizes: tuple[int, ...]
     times: tuple[float, ...]
+    bulk: tuple[int, float] | None = None
 
     def fastest(self, other: LinkTimes) -> LinkTimes:
         """Size by size, the cheaper of two passes: noise only ever adds to a collective."""
-        return LinkTimes(self.sizes, tuple(map(min, self.times, other.times)))
+        bulk = self.bulk
+        if bulk is not None and other.bulk is not None:
+            bulk = (bulk[0], min(bulk[1], other.bulk[1]))
+        return LinkTimes(self.sizes, tuple(map(min, self.times, other.times)), bulk)
 
     def fit(self, backend: str, ranks: int) -> Link:
-        """A fixed cost plus a cost per byte, fitted to the times."""
+        """A fixed cost plus a cost per byte, fitted to the times; past the largest of
+        them, the bulk all_sum's own cost per byte where it costs more than the line."""
+        link = self._line(backend, ranks)
+        if self.bulk is None:
+            return link
+        size, ms = self.bulk
+        edge, largest = max(self.sizes), link.traffic("all_sum", max(self.sizes), ranks)[1]
+        past = link.traffic("all_sum", size, ranks)[1] - largest
+        extra = ms - link.all_sum_ms(edge, ranks)
+        if past <= 0 or extra <= past / (link.gb_s * 1e6):
+            return link  # the line holds
+        return replace(link, bulk_bytes=largest, bulk_gb_s=past / extra / 1e6)
+
+    def _line(self, backend: str, ranks: int) -> Link:
+        """The fixed cost and the cost per byte through the sizes' times."""
         slope, intercept = np.polyfit(np.array(self.sizes, dtype=float), np.array(self.times), 1)
         topology = "mesh" if backend == "jaccl" else "ring"
         hops = collective_hops(topology, ranks)
@@ -70,7 +95,8 @@ class LinkTimes:
 
 def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes: int) -> LinkTimes:
     """All_sums of a step's sizes (the step plan, the hidden state of 1 to PREFILL_ROWS
-    rows), each timed LINK_REPEATS times."""
+    rows), each timed LINK_REPEATS times, and a prefill chunk's (BULK_ROWS) BULK_REPEATS
+    times."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     arrays = [mx.zeros((4096,), dtype=mx.uint8)] + [
         mx.zeros((rows, shape.hidden_size), dtype=dtype) for rows in (1, 8, 16, PREFILL_ROWS)
@@ -84,7 +110,10 @@ def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes:
 
         sizes.append(array.nbytes)
         times.append(median_ms(run, LINK_REPEATS))
-    return LinkTimes(tuple(sizes), tuple(times))
+    chunk = mx.zeros((BULK_ROWS, shape.hidden_size), dtype=dtype)
+    mx.eval(chunk)
+    bulk = median_ms(lambda: mx.eval(mx.distributed.all_sum(chunk, group=group)), BULK_REPEATS)
+    return LinkTimes(tuple(sizes), tuple(times), (chunk.nbytes, bulk))
 
 
 # ---- every rank's figures -----------------------------------------------------------------
@@ -129,7 +158,7 @@ def measure_speed(
         link = first.fastest(again).fit(backend, ranks)
     mine: dict[str, Any] = {"machine": machine_record(machine)}
     if link is not None:
-        mine["link"] = [link.latency_us, link.gb_s]
+        mine["link"] = [link.latency_us, link.gb_s, link.bulk_bytes, link.bulk_gb_s]
     records = all_records(group, mine)
     machines = per_host(records, hosts)
     if link is None:
@@ -139,7 +168,11 @@ def measure_speed(
     else:  # every rank timed the same all_sums: their mean, the same on every rank
         latency = sum(r["link"][0] for r in records) / len(records)
         rate = sum(r["link"][1] for r in records) / len(records)
+        bulks = [r["link"][3] for r in records]  # a bulk rate where every rank timed one
+        bulk = sum(bulks) / len(bulks) if min(bulks) > 0 else 0.0
         link = Link(link.name, latency, rate, link.topology, link.source)
+        if bulk:
+            link = replace(link, bulk_bytes=records[0]["link"][2], bulk_gb_s=bulk)
     return Speed(machines, link, crowding, rates_shared=True)
 
 

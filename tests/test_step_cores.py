@@ -207,6 +207,30 @@ def test_each_size_keeps_its_cheaper_time_before_the_link_is_fitted() -> None:
         )
 
 
+def test_a_prefill_chunks_all_sum_gets_its_own_cost_past_the_line() -> None:
+    from distributed.speed_records import speed_from_record, speed_record
+
+    sizes = (4096, 2304, 18432, 36864, 294912)
+    times = tuple(0.07 + n / 1e6 for n in sizes)  # 70 us + 1 GB/s
+    chunk = 1024 * 576 * 4
+    slow = LinkTimes(sizes, times, (chunk, 40.0)).fit("ring", 2)  # the loopback's bulk
+    assert slow.all_sum_ms(chunk, 2) == pytest.approx(40.0, rel=1e-6)
+    line = LinkTimes(sizes, times).fit("ring", 2)
+    for nbytes in sizes:  # a decode's sizes cost what the line says
+        assert slow.all_sum_ms(nbytes, 2) == pytest.approx(line.all_sum_ms(nbytes, 2))
+    assert line.all_sum_ms(chunk, 2) < 3.0 < slow.all_sum_ms(chunk // 2, 2) < 40.0
+    assert "past 295 KB" in slow.describe() and "past" not in line.describe()
+    on_line = LinkTimes(sizes, times, (chunk, 0.07 + chunk / 1e6)).fit("ring", 2)
+    assert on_line.bulk_gb_s == 0.0  # the line holds: no second rate
+    # the cheaper of two passes, the bulk's too; a status record keeps it, an old one reads
+    other = LinkTimes(sizes, times, (chunk, 30.0))
+    assert LinkTimes(sizes, times, (chunk, 40.0)).fastest(other).bulk == (chunk, 30.0)
+    speed = Speed((flat(),), slow)
+    assert speed_from_record(speed_record(speed)).link.all_sum_ms(chunk, 2) == pytest.approx(40.0)
+    old = speed_record(speed) | {"link": speed_record(speed)["link"][:4]}
+    assert speed_from_record(old).link.bulk_gb_s == 0.0
+
+
 def test_the_probe_reads_past_the_largest_cache_a_host_reports(tmp_path: Path) -> None:
     for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "266240K")):
         (tmp_path / index).mkdir()
