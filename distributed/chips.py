@@ -101,7 +101,7 @@ class Link:
     (every extra rank of a ring adds one more hop, a mesh none), plus the bytes over
     `gb_s`; where measured, the bytes a rank moves past `bulk_bytes` at `bulk_gb_s` (a
     prefill chunk's all_sum: 3.3 MB of them cost 20-75 ms over the loopback here, where
-    the line through a decode's sizes gave 1.2). `source` says where the figures come
+    the line through a decode's sizes gave 2.5). `source` says where the figures come
     from."""
 
     name: str

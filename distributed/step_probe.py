@@ -70,7 +70,8 @@ class LinkTimes:
         if self.bulk is None:
             return link
         size, ms = self.bulk
-        edge, largest = max(self.sizes), link.traffic("all_sum", max(self.sizes), ranks)[1]
+        edge = max(self.sizes)
+        largest = link.traffic("all_sum", edge, ranks)[1]
         past = link.traffic("all_sum", size, ranks)[1] - largest
         extra = ms - link.all_sum_ms(edge, ranks)
         if past <= 0 or extra <= past / (link.gb_s * 1e6):
@@ -98,22 +99,21 @@ def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes:
     rows), each timed LINK_REPEATS times, and a prefill chunk's (BULK_ROWS) BULK_REPEATS
     times."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
-    arrays = [mx.zeros((4096,), dtype=mx.uint8)] + [
-        mx.zeros((rows, shape.hidden_size), dtype=dtype) for rows in (1, 8, 16, PREFILL_ROWS)
+    rows = [(1, LINK_REPEATS), (8, LINK_REPEATS), (16, LINK_REPEATS), (PREFILL_ROWS, LINK_REPEATS)]
+    arrays = [(mx.zeros((4096,), dtype=mx.uint8), LINK_REPEATS)] + [
+        (mx.zeros((count, shape.hidden_size), dtype=dtype), repeats)
+        for count, repeats in rows + [(BULK_ROWS, BULK_REPEATS)]
     ]
     sizes, times = [], []
-    for array in arrays:
+    for array, repeats in arrays:
         mx.eval(array)
 
         def run(array: mx.array = array) -> None:
             mx.eval(mx.distributed.all_sum(array, group=group))
 
         sizes.append(array.nbytes)
-        times.append(median_ms(run, LINK_REPEATS))
-    chunk = mx.zeros((BULK_ROWS, shape.hidden_size), dtype=dtype)
-    mx.eval(chunk)
-    bulk = median_ms(lambda: mx.eval(mx.distributed.all_sum(chunk, group=group)), BULK_REPEATS)
-    return LinkTimes(tuple(sizes), tuple(times), (chunk.nbytes, bulk))
+        times.append(median_ms(run, repeats))
+    return LinkTimes(tuple(sizes[:-1]), tuple(times[:-1]), (sizes[-1], times[-1]))
 
 
 # ---- every rank's figures -----------------------------------------------------------------
