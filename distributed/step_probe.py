@@ -7,6 +7,8 @@ ranks (distributed/step_model.py), in about a second (a few where a CPU's cache 
   state of 1, 8, 16 and PREFILL_ROWS rows, and of BULK_ROWS, a prefill chunk's) before
   the machine's probe and again after it, and fit a fixed cost plus a cost per byte to
   each size's cheaper time, and a second cost per byte past PREFILL_ROWS (`LinkTimes`).
+  A row's all_sum is also timed as a step meets it, in one graph between pieces of work,
+  and the fixed cost is what that costs where it costs more than back to back.
 
 One all_gather then gives every rank every rank's figures, so every rank plans from the
 same numbers (PARALLELISM=auto, distributed/plan_speed.py).
@@ -41,6 +43,14 @@ LINK_REPEATS = 12
 # (bench.collective_gap), and the tensor split's prefill read 7-23% fast.
 BULK_ROWS = 1024
 BULK_REPEATS = 4
+# A row's all_sum amid a step's work: STEP_CHAIN of them in one graph, each after a row's
+# product, less the same graph without them. Back to back (the sizes above) the ranks met
+# each other at once; in a step each all_sum waits for the other rank's work and wakes the
+# link. Here, through the bench's relay at 150 us one way: 0.42 ms back to back, 0.72-1.2
+# in such a graph; the tensor split's decode steps measured 0.45-0.77 ms more a collective
+# than the back-to-back figure predicted. Over the loopback 0.055 against 0.16-0.18.
+STEP_CHAIN = 32
+STEP_CHAINS = 5
 MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 
 
@@ -49,24 +59,39 @@ MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 
 @dataclass(frozen=True)
 class LinkTimes:
-    """The median ms of all_sums of each size (bytes), one pass of the link's probe, and
-    of a prefill chunk's (`bulk`: bytes, ms; none where not timed)."""
+    """The median ms of all_sums of each size (bytes), one pass of the link's probe, of a
+    prefill chunk's (`bulk`: bytes, ms) and of a row's amid a step's work (`in_step`:
+    bytes, ms); none where not timed."""
 
     sizes: tuple[int, ...]
     times: tuple[float, ...]
     bulk: tuple[int, float] | None = None
+    in_step: tuple[int, float] | None = None
 
     def fastest(self, other: LinkTimes) -> LinkTimes:
         """Size by size, the cheaper of two passes: noise only ever adds to a collective."""
-        bulk = self.bulk
-        if bulk is not None and other.bulk is not None:
-            bulk = (bulk[0], min(bulk[1], other.bulk[1]))
-        return LinkTimes(self.sizes, tuple(map(min, self.times, other.times)), bulk)
+
+        Timed = tuple[int, float] | None
+
+        def cheaper(mine: Timed, theirs: Timed) -> Timed:
+            return mine if mine is None or theirs is None else (mine[0], min(mine[1], theirs[1]))
+
+        times = tuple(map(min, self.times, other.times))
+        return LinkTimes(
+            self.sizes, times, cheaper(self.bulk, other.bulk), cheaper(self.in_step, other.in_step)
+        )
 
     def fit(self, backend: str, ranks: int) -> Link:
-        """A fixed cost plus a cost per byte, fitted to the times; past the largest of
-        them, the bulk all_sum's own cost per byte where it costs more than the line."""
+        """A fixed cost plus a cost per byte, fitted to the times, the fixed cost raised to
+        what a step's all_sum costs where that is more; past the largest size, the bulk
+        all_sum's own cost per byte where it costs more than the line."""
         link = self._line(backend, ranks)
+        if self.in_step is not None:
+            size, ms = self.in_step
+            extra = ms - link.all_sum_ms(size, ranks)
+            if extra > 0:
+                hops = collective_hops(link.topology, ranks)
+                link = replace(link, latency_us=link.latency_us + extra * 1e3 / hops)
         if self.bulk is None:
             return link
         size, ms = self.bulk
@@ -96,8 +121,8 @@ class LinkTimes:
 
 def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes: int) -> LinkTimes:
     """All_sums of a step's sizes (the step plan, the hidden state of 1 to PREFILL_ROWS
-    rows), each timed LINK_REPEATS times, and a prefill chunk's (BULK_ROWS) BULK_REPEATS
-    times."""
+    rows), each timed LINK_REPEATS times, a prefill chunk's (BULK_ROWS) BULK_REPEATS
+    times, and a row's amid a step's work (STEP_CHAIN)."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     rows = [(1, LINK_REPEATS), (8, LINK_REPEATS), (16, LINK_REPEATS), (PREFILL_ROWS, LINK_REPEATS)]
     arrays = [(mx.zeros((4096,), dtype=mx.uint8), LINK_REPEATS)] + [
@@ -113,7 +138,26 @@ def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes:
 
         sizes.append(array.nbytes)
         times.append(median_ms(run, repeats))
-    return LinkTimes(tuple(sizes[:-1]), tuple(times[:-1]), (sizes[-1], times[-1]))
+    in_step = _in_step_ms(group, shape.hidden_size, dtype)
+    return LinkTimes(tuple(sizes[:-1]), tuple(times[:-1]), (sizes[-1], times[-1]), in_step)
+
+
+def _in_step_ms(group: mx.distributed.Group, hidden: int, dtype: mx.Dtype) -> tuple[int, float]:
+    """A row's all_sum as a step meets it (STEP_CHAIN): its bytes and ms."""
+    weight = mx.full((hidden, hidden), 1.0 / hidden, dtype=dtype)
+    row = mx.full((1, hidden), 0.5, dtype=dtype)
+    mx.eval(weight, row)
+
+    def chain(synced: bool) -> None:
+        y = row
+        for _ in range(STEP_CHAIN):
+            y = mx.tanh(y @ weight)
+            y = mx.distributed.all_sum(y, group=group) if synced else y * 0.5
+        mx.eval(y)
+
+    synced = median_ms(lambda: chain(True), STEP_CHAINS)
+    alone = median_ms(lambda: chain(False), STEP_CHAINS)
+    return row.nbytes, max(0.0, synced - alone) / STEP_CHAIN
 
 
 # ---- every rank's figures -----------------------------------------------------------------

@@ -239,3 +239,17 @@ def test_the_probe_reads_past_the_largest_cache_a_host_reports(tmp_path: Path) -
     (tmp_path / "index4" / "size").write_text("unknown\n")
     assert largest_cache_bytes(tmp_path) == 260 * 2**20
     assert largest_cache_bytes(tmp_path / "none") == 0  # a machine that reports none
+
+
+def test_a_rows_all_sum_costs_what_a_step_meets_where_that_is_more() -> None:
+    sizes = (4096, 2304, 18432, 36864, 294912)
+    times = tuple(0.07 + n / 1e6 for n in sizes)  # 70 us + 1 GB/s back to back
+    row = 576 * 4
+    line = LinkTimes(sizes, times).fit("ring", 2)
+    dear = LinkTimes(sizes, times, in_step=(row, 1.1)).fit("ring", 2)  # through the relay
+    assert dear.all_sum_ms(row, 2) == pytest.approx(1.1)
+    assert dear.gb_s == line.gb_s  # the cost per byte stays the line's
+    cheap = LinkTimes(sizes, times, in_step=(row, 0.01)).fit("ring", 2)
+    assert cheap.latency_us == line.latency_us  # a step never meets less than back to back
+    other = LinkTimes(sizes, times, in_step=(row, 0.9))
+    assert LinkTimes(sizes, times, in_step=(row, 1.1)).fastest(other).in_step == (row, 0.9)
