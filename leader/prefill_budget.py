@@ -2,7 +2,8 @@
 
 Alone on the cluster (no answer decoding) a prompt prefills PREFILL_CHUNK_SIZE tokens a
 step. Beside running answers each step earns the prefill (PREFILL_SLOWDOWN - 1) times a
-decode step's time, a credit that the measured prefill time spends, so the answers' mean
+decode step's time, a credit that every step taken while the prompt waits spends by what
+it took beyond a decode step (or gives back what it took less), so the answers' mean
 inter-token latency grows by at most PREFILL_SLOWDOWN (2: the prefill gets as much time
 as the decodes). A step's chunk is the most tokens the step-time model predicts fit in the
 credit, at least MIN_CHUNK; while the credit does not cover the smallest chunk (a long
@@ -10,30 +11,32 @@ context makes even a few tokens cost more than one step's allowance) steps only 
 saving up to SAVED_STEPS steps' allowance, so a prefill step's latency stays bounded.
 
 The step-time model, fitted from rank 0's own steps: a decode step of B rows costs D(B),
-the median of the last QUIET_STEPS decode-only steps of B rows taken while no prompt
-waited (a running average of every decode step misread a step's cost beside a waiting
-prompt: docs/BENCHMARKS.md); a prefill forward of c tokens that starts at context position
-L costs f + g L + a c + b c (L + c / 2): a fixed cost (the weights, the dispatch), reading
-the cache, a cost per token (the products), and attention over the cache, which grows with
-the context and dominates a long prefill on a CPU. The coefficients come from a
-least-squares fit, none negative, over recent prefill steps (their time less the predicted
-decode part), weighted toward recent steps, over a weak prior: the step-time model's
-prediction for this cluster (distributed/step_model.py `prefill_coefficients`), or without
-one an optimistic guess; a chunk is never more than twice the largest prefill forward
-measured, so the model is not trusted far beyond its data (and steps of growing chunks give
-the fit the spread of sizes that tells the costs apart). Every rank applies rank 0's number
+the mean of the last QUIET_STEPS decode-only steps of B rows taken while no prompt waited
+(a running average of every decode step misread a step's cost beside a waiting prompt;
+the median, below the mean where a noisy host's steps run long now and then, charged
+that noise to the prompt's steps alone: docs/BENCHMARKS.md); a prefill forward of c
+tokens that starts at context position L costs f + g L + a c + b c (L + c / 2): a fixed
+cost (the weights, the dispatch), reading the cache, a cost per token (the products), and
+attention over the cache, which grows with the context and dominates a long prefill on a
+CPU. The coefficients come from a least-squares fit, none negative, over recent prefill
+steps (their time less the predicted decode part), weighted toward recent steps, over a
+weak prior: the step-time model's prediction for this cluster (distributed/step_model.py
+`prefill_coefficients`), or without one an optimistic guess; a chunk is never more than
+twice the largest prefill forward measured, so the model is not trusted far beyond its
+data (and steps of growing chunks give the fit the spread of sizes that tells the costs
+apart). Every rank applies rank 0's number
 from the step plan; nothing here reads another rank's clock.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from statistics import median
+from statistics import mean
 
 import numpy as np
 
 MIN_CHUNK = 16
-QUIET_STEPS = 32  # decode-only steps, with no prompt waiting, a decode cost is the median of
+QUIET_STEPS = 32  # decode-only steps, with no prompt waiting, a decode cost is the mean of
 FORGET = 0.98  # weight the fit keeps of the past at each prefill step
 SAVED_STEPS = 2  # the most steps' allowance the credit holds
 # Features are scaled so the prior's weight means the same in each: per forward, per 10K
@@ -104,7 +107,10 @@ class PrefillBudget:
         decode_ms = self.decode(rows) if rows else None
         if decode_ms is not None:  # the answers allow (slowdown - 1) x their step each step
             allowance = (self.slowdown - 1.0) * decode_ms
-            spent = max(0.0, ms - decode_ms) if x.any() else 0.0
+            # while a prompt waits every step spends its time beyond a quiet step's, or
+            # gives back what it took less: the decode-only steps after a chunk carry some
+            # of its work, and the noise of the host's steps falls on both kinds alike
+            spent = ms - decode_ms if x.any() or waiting else 0.0
             self.credit = min(SAVED_STEPS * allowance, self.credit + allowance - spent)
         if not x.any():
             if rows and not waiting:
@@ -123,7 +129,7 @@ class PrefillBudget:
         if not self.quiet:
             return None
         near = min(self.quiet, key=lambda r: abs(r - rows))
-        return median(self.quiet[near])
+        return mean(self.quiet[near])
 
     def predict(self, pieces: list[tuple[int, int]]) -> float:
         """Milliseconds the prefill forwards `pieces` add to a step."""

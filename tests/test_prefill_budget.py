@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from leader.prefill_budget import MIN_CHUNK, SAVED_STEPS, PrefillBudget
+from leader.prefill_budget import MIN_CHUNK, QUIET_STEPS, SAVED_STEPS, PrefillBudget
 
 F, A, B = 2.0, 0.02, 1e-5  # ms per forward, per token, per token x context position
 
@@ -104,18 +104,32 @@ def test_a_larger_slowdown_gives_larger_chunks():
     assert len(large) < len(small)
 
 
-def test_the_decode_cost_is_the_median_of_quiet_steps():
-    """One slow step in five (another process, a collection) does not raise the cost the
-    answers' allowance is measured by; nor do decode-only steps taken while a prompt
-    waits (they carry work of the chunk before them still finishing elsewhere)."""
+def test_the_decode_cost_is_the_mean_of_quiet_steps():
+    """The answers' rate counts their slow steps too (one in four here: another process, a
+    collection), so their allowance does; decode-only steps taken while a prompt waits do
+    not set it (they carry work of the chunk before them still finishing elsewhere)."""
     budget = PrefillBudget(alone=2048, slowdown=2.0)
-    for step in range(40):
-        budget.observe(4, [], 20.0 if step % 5 == 0 else 5.0)
-    assert budget.decode(4) == 5.0
+    for step in range(QUIET_STEPS):
+        budget.observe(4, [], 20.0 if step % 4 == 0 else 4.0)
+    assert budget.decode(4) == pytest.approx(8.0)
     for _ in range(40):
         budget.observe(4, [], 25.0, waiting=True)
-    assert budget.decode(4) == 5.0
-    assert budget.decode(3) == 5.0 and budget.decode(16) == 5.0  # the nearest count measured
+    assert budget.decode(4) == pytest.approx(8.0)
+    assert budget.decode(3) == budget.decode(16) == budget.decode(4)  # the nearest count measured
+
+
+def test_while_a_prompt_waits_every_step_spends_what_it_took_beyond_a_quiet_one():
+    """A decode-only step after a chunk, slowed by it, spends; one faster than the quiet
+    mean gives back: over the prompt's steps the answers keep their mean step within the
+    slowdown, whatever the noise."""
+    budget = trained(decode_ms=10.0)
+    budget.credit = 0.0
+    budget.observe(4, [], 16.0, waiting=True)  # 6 ms of a chunk's aftermath, 10 allowed
+    assert budget.credit == pytest.approx(4.0)
+    budget.observe(4, [], 4.0, waiting=True)  # 6 ms faster than the quiet steps
+    assert budget.credit == pytest.approx(20.0)  # 4 + 10 + 6, the most SAVED_STEPS keeps
+    budget.observe(4, [], 30.0)  # no prompt waiting: the step spends nothing
+    assert budget.credit == pytest.approx(20.0)
 
 
 def test_the_step_time_models_prior_predicts_before_any_prefill_is_measured():
