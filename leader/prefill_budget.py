@@ -24,8 +24,8 @@ weak prior: the step-time model's prediction for this cluster (distributed/step_
 `prefill_coefficients`), or without one an optimistic guess; a chunk is never more than
 twice the largest prefill forward measured, so the model is not trusted far beyond its
 data (and steps of growing chunks give the fit the spread of sizes that tells the costs
-apart). Every rank applies rank 0's number
-from the step plan; nothing here reads another rank's clock.
+apart). Every rank applies rank 0's number from the step plan; nothing here reads another
+rank's clock.
 """
 
 from __future__ import annotations
