@@ -2,8 +2,8 @@
 
 Alone on the cluster (no answer decoding) a prompt prefills PREFILL_CHUNK_SIZE tokens a
 step. Beside running answers each step earns the prefill (PREFILL_SLOWDOWN - 1) times a
-decode step's time, a credit that every step taken while the prompt waits spends by what
-it took beyond a decode step (or gives back what it took less), so the answers' mean
+decode step's time, a credit that a chunk's step and the decode-only step after it spend
+by what they took beyond a decode step (or give back what they took less), so the answers' mean
 inter-token latency grows by at most PREFILL_SLOWDOWN (2: the prefill gets as much time
 as the decodes). A step's chunk is the most tokens the step-time model predicts fit in the
 credit, at least MIN_CHUNK; while the credit does not cover the smallest chunk (a long
@@ -91,6 +91,8 @@ class PrefillBudget:
         self.quiet: dict[int, deque[float]] = {}  # decode-only step ms by rows, none waiting
         self.largest = 0  # the most tokens of one prefill forward measured
         self.credit = 0.0  # ms of prefill the answers have allowed and not yet spent
+        self.after_chunk = False  # whether the last step prefilled
+        self.worth_ms = 0.0  # what the smallest chunk worth its forward costs (`_worth`)
         self._gram = np.eye(4) * _PRIOR_WEIGHT
         self._moment = self.prior * _PRIOR_WEIGHT
         self.coefficients = self.prior.copy()
@@ -103,18 +105,22 @@ class PrefillBudget:
         """A step's time: `rows` decoding rows and prefill forwards `pieces`; `waiting`: a
         prompt was waiting to prefill (the step's plan carried a budget)."""
         x = _features(pieces)
+        after, self.after_chunk = self.after_chunk, bool(x.any())
         self.largest = max([self.largest, *(tokens for _, tokens in pieces)])
         decode_ms = self.decode(rows) if rows else None
         if decode_ms is not None:  # the answers allow (slowdown - 1) x their step each step
             allowance = (self.slowdown - 1.0) * decode_ms
-            # while a prompt waits every step spends its time beyond a quiet step's, or
-            # gives back what it took less: the decode-only steps after a chunk carry some
-            # of its work, and the noise of the host's steps falls on both kinds alike
-            spent = ms - decode_ms if x.any() or waiting else 0.0
-            self.credit = min(SAVED_STEPS * allowance, self.credit + allowance - spent)
+            # a chunk's step spends its time beyond a quiet step's (or gives back what it
+            # took less), and so does the decode-only step after it, which carries some of
+            # its work; the other decode-only steps spend nothing, whatever the host did
+            # to them (charged too, a phase of slow steps left the prompt no credit)
+            spent = ms - decode_ms if x.any() or (waiting and after) else 0.0
+            most = max(SAVED_STEPS * allowance, self.worth_ms)
+            self.credit = min(most, self.credit + allowance - spent)
         if not x.any():
             if rows and not waiting:
                 self.quiet.setdefault(rows, deque(maxlen=QUIET_STEPS)).append(ms)
+                self.worth_ms = 0.0  # no prompt waits: the credit holds SAVED_STEPS' again
             return
         prefill_ms = ms - (decode_ms or 0.0)
         if prefill_ms <= 0:
@@ -146,8 +152,10 @@ class PrefillBudget:
         decode_ms = self.decode(rows)
         if decode_ms is None:
             return self.min_chunk  # no decode step measured yet: take the smallest chunk
-        smallest = self.predict([(pending[0][0], min(self.min_chunk, pending[0][1]))])
-        if self.credit < min(smallest, SAVED_STEPS * (self.slowdown - 1.0) * decode_ms):
+        context, remaining = pending[0]
+        worth = self._worth(context, remaining)
+        self.worth_ms = self.predict([(context, worth)])
+        if self.credit < self.worth_ms:
             return 0  # save the allowance of this step for a chunk worth its forward
         left, total = self.credit, 0
         for context, remaining in pending:
@@ -158,7 +166,18 @@ class PrefillBudget:
             total += take
             if take < remaining:
                 break
-        return max(self.min_chunk, min(self.alone, 2 * self.largest, total))
+        return max(worth, min(self.alone, 2 * self.largest, total))
+
+    def _worth(self, context: int, remaining: int) -> int:
+        """The fewest tokens of a chunk at `context` worth its forward: as many as cost
+        what the forward costs whatever its tokens (reading the cache, the dispatch), at
+        least MIN_CHUNK, at most twice the largest forward measured. At 12-20K positions
+        here 16 tokens cost about 8 ms beside 20 that any forward there costs."""
+        f, g, a, b = self.coefficients * _SCALE
+        per_token = a + b * context
+        tokens = (f + g * context) / per_token if per_token > 0 else float(remaining)
+        most = min(remaining, self.alone, max(self.min_chunk, 2 * self.largest))
+        return int(min(most, max(self.min_chunk, tokens)))
 
     def _fit(self, context: int, remaining: int, ms: float) -> int:
         """The most tokens (up to `remaining`) one forward at `context` takes within `ms`."""

@@ -118,18 +118,21 @@ def test_the_decode_cost_is_the_mean_of_quiet_steps():
     assert budget.decode(3) == budget.decode(16) == budget.decode(4)  # the nearest count measured
 
 
-def test_while_a_prompt_waits_every_step_spends_what_it_took_beyond_a_quiet_one():
-    """A decode-only step after a chunk, slowed by it, spends; one faster than the quiet
-    mean gives back: over the prompt's steps the answers keep their mean step within the
-    slowdown, whatever the noise."""
+def test_a_chunks_step_and_the_one_after_it_spend_what_they_took_beyond_a_quiet_one():
+    """The decode-only step after a chunk, slowed by it, spends; one faster than the quiet
+    mean gives back; decode-only steps further on spend nothing, whatever they took (a
+    phase of the host's slow steps must not leave a waiting prompt without credit)."""
     budget = trained(decode_ms=10.0)
     budget.credit = 0.0
-    budget.observe(4, [], 16.0, waiting=True)  # 6 ms of a chunk's aftermath, 10 allowed
-    assert budget.credit == pytest.approx(4.0)
-    budget.observe(4, [], 4.0, waiting=True)  # 6 ms faster than the quiet steps
-    assert budget.credit == pytest.approx(20.0)  # 4 + 10 + 6, the most SAVED_STEPS keeps
-    budget.observe(4, [], 30.0)  # no prompt waiting: the step spends nothing
-    assert budget.credit == pytest.approx(20.0)
+    budget.observe(4, [(1000, 16)], 15.0, waiting=True)  # 5 ms of chunk, 10 allowed
+    assert budget.credit == pytest.approx(5.0)
+    budget.observe(4, [], 16.0, waiting=True)  # 6 ms of the chunk's aftermath
+    assert budget.credit == pytest.approx(9.0)
+    budget.observe(4, [], 40.0, waiting=True)  # a slow step, two after the chunk
+    assert budget.credit == pytest.approx(19.0)
+    budget.observe(4, [(1000, 16)], 12.0, waiting=True)
+    budget.observe(4, [], 4.0, waiting=True)  # faster than the quiet steps: gives back
+    assert budget.credit == pytest.approx(20.0)  # 19 + 8, then + 16, the most kept: 20
 
 
 def test_the_step_time_models_prior_predicts_before_any_prefill_is_measured():
@@ -142,3 +145,28 @@ def test_the_step_time_models_prior_predicts_before_any_prefill_is_measured():
         for chunk in (16, 200, 1000):
             budget.observe(0, [(context, chunk)], 2 * true_ms([(context, chunk)]))
     assert budget.predict([(8000, 300)]) == pytest.approx(2 * true_ms([(8000, 300)]), rel=0.1)
+
+
+def test_where_any_forward_costs_much_a_chunk_is_worth_its_forward():
+    """A machine whose forwards cost 20 ms whatever their tokens (reading a long cache, the
+    dispatch) and 0.5 ms a token: 16 tokens would spend 28 ms for 8 ms of prompt, so the
+    credit saves past SAVED_STEPS' allowance for 40 tokens (20 ms of them), and the
+    answers' steps still average within the slowdown."""
+    fixed, per_token = 20.0, 0.5
+    budget = PrefillBudget(alone=2048, slowdown=2.0)
+    for _ in range(5):
+        budget.observe(4, [], 10.0)
+    for context in range(0, 30000, 1500):
+        for chunk in (16, 200, 1000):
+            budget.observe(0, [(context, chunk)], fixed + per_token * chunk)
+    steps, done = [], 0
+    while done < 2000:
+        chunk = budget.tokens(4, [(10000 + done, 2000 - done)])
+        ms = 10.0 + (fixed + per_token * chunk if chunk else 0.0)
+        budget.observe(4, [(10000 + done, chunk)] if chunk else [], ms, waiting=True)
+        steps.append((chunk, ms))
+        done += chunk
+    chunks = [chunk for chunk, _ in steps if chunk]
+    assert min(chunks[:-1]) >= 0.9 * fixed / per_token, chunks  # the last takes what is left
+    assert sum(ms for _, ms in steps) / len(steps) <= 2.0 * 10.0 * 1.1
+    assert max(ms for _, ms in steps) <= 10.0 + 2 * fixed * 1.1  # a chunk costs about 2x fixed
