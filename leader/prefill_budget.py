@@ -3,12 +3,14 @@
 Alone on the cluster (no answer decoding) a prompt prefills PREFILL_CHUNK_SIZE tokens a
 step. Beside running answers each step earns the prefill (PREFILL_SLOWDOWN - 1) times a
 decode step's time, a credit that a chunk's step and the decode-only step after it spend
-by what they took beyond a decode step (or give back what they took less), so the answers' mean
-inter-token latency grows by at most PREFILL_SLOWDOWN (2: the prefill gets as much time
-as the decodes). A step's chunk is the most tokens the step-time model predicts fit in the
-credit, at least MIN_CHUNK; while the credit does not cover the smallest chunk (a long
-context makes even a few tokens cost more than one step's allowance) steps only decode,
-saving up to SAVED_STEPS steps' allowance, so a prefill step's latency stays bounded.
+by what they took beyond a decode step (or give back what they took less), so the
+answers' mean inter-token latency grows by at most PREFILL_SLOWDOWN (2: the prefill gets
+as much time as the decodes). A step's chunk is the most tokens the step-time model
+predicts fit in the credit, at least the smallest chunk worth its forward (as many tokens
+as cost what any forward at that context costs, at least MIN_CHUNK: `_worth`); while the
+credit does not cover that chunk (a long context makes even a few tokens cost more than
+one step's allowance) steps only decode, saving up to SAVED_STEPS steps' allowance or
+that chunk's cost, whichever is more, so a prefill step's latency stays bounded.
 
 The step-time model, fitted from rank 0's own steps: a decode step of B rows costs D(B),
 the mean of the last QUIET_STEPS decode-only steps of B rows taken while no prompt waited
