@@ -70,15 +70,12 @@ class LinkTimes:
 
     def fastest(self, other: LinkTimes) -> LinkTimes:
         """Size by size, the cheaper of two passes: noise only ever adds to a collective."""
-
-        Timed = tuple[int, float] | None
-
-        def cheaper(mine: Timed, theirs: Timed) -> Timed:
-            return mine if mine is None or theirs is None else (mine[0], min(mine[1], theirs[1]))
-
         times = tuple(map(min, self.times, other.times))
         return LinkTimes(
-            self.sizes, times, cheaper(self.bulk, other.bulk), cheaper(self.in_step, other.in_step)
+            self.sizes,
+            times,
+            _cheaper(self.bulk, other.bulk),
+            _cheaper(self.in_step, other.in_step),
         )
 
     def fit(self, backend: str, ranks: int) -> Link:
@@ -119,12 +116,19 @@ class LinkTimes:
         )
 
 
+def _cheaper(
+    mine: tuple[int, float] | None, theirs: tuple[int, float] | None
+) -> tuple[int, float] | None:
+    """Of one size's (bytes, ms) in two passes, the cheaper; none where either lacks it."""
+    return mine if mine is None or theirs is None else (mine[0], min(mine[1], theirs[1]))
+
+
 def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes: int) -> LinkTimes:
     """All_sums of a step's sizes (the step plan, the hidden state of 1 to PREFILL_ROWS
     rows), each timed LINK_REPEATS times, a prefill chunk's (BULK_ROWS) BULK_REPEATS
     times, and a row's amid a step's work (STEP_CHAIN)."""
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
-    rows = [(1, LINK_REPEATS), (8, LINK_REPEATS), (16, LINK_REPEATS), (PREFILL_ROWS, LINK_REPEATS)]
+    rows = [(count, LINK_REPEATS) for count in (1, 8, 16, PREFILL_ROWS)]
     arrays = [(mx.zeros((4096,), dtype=mx.uint8), LINK_REPEATS)] + [
         (mx.zeros((count, shape.hidden_size), dtype=dtype), repeats)
         for count, repeats in rows + [(BULK_ROWS, BULK_REPEATS)]
@@ -214,9 +218,8 @@ def measure_speed(
         rate = sum(r["link"][1] for r in records) / len(records)
         bulks = [r["link"][3] for r in records]  # a bulk rate where every rank timed one
         bulk = sum(bulks) / len(bulks) if min(bulks) > 0 else 0.0
-        link = Link(link.name, latency, rate, link.topology, link.source)
-        if bulk:
-            link = replace(link, bulk_bytes=records[0]["link"][2], bulk_gb_s=bulk)
+        past = records[0]["link"][2] if bulk else 0.0
+        link = replace(link, latency_us=latency, gb_s=rate, bulk_bytes=past, bulk_gb_s=bulk)
     return Speed(machines, link, crowding, rates_shared=True)
 
 

@@ -151,12 +151,10 @@ class PrefillBudget:
         the order the engine takes them."""
         if not rows:
             return self.alone
-        decode_ms = self.decode(rows)
-        if decode_ms is None:
+        if self.decode(rows) is None:
             return self.min_chunk  # no decode step measured yet: take the smallest chunk
-        context, remaining = pending[0]
-        worth = self._worth(context, remaining)
-        self.worth_ms = self.predict([(context, worth)])
+        worth = self._worth(*pending[0])
+        self.worth_ms = self.predict([(pending[0][0], worth)])
         if self.credit < self.worth_ms:
             return 0  # save the allowance of this step for a chunk worth its forward
         left, total = self.credit, 0
