@@ -192,7 +192,11 @@ def measure_speed(
         mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
     ranks = group.size()
     crowding = crowding_of(hosts)
-    first = probe_link(group, shape, activation_bytes) if ranks > 1 else None
+    # Ranks outnumbering one host's cores would time the scheduler's turns, which the
+    # model adds apart (crowded_link): no link probe there.
+    crowded = max(crowding) > 1.0 and len({h.host for h in hosts}) == 1
+    probed = ranks > 1 and not crowded
+    first = probe_link(group, shape, activation_bytes) if probed else None
     machine = probe_machine(shape, activation_bytes, crowded=crowding[group.rank()] > 1.0)
     link = None
     if first is not None:  # once more, a second later, and each size's cheaper time kept
@@ -209,10 +213,10 @@ def measure_speed(
         mine["link"] = [link.latency_us, link.gb_s, link.bulk_bytes, link.bulk_gb_s]
     records = all_records(group, mine)
     machines = per_host(records, hosts)
-    if link is None:
+    if crowded:
+        link = crowded_link(ranks, hosts[0].cores)
+    elif link is None:
         link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
-    elif max(crowding) > 1.0 and len({h.host for h in hosts}) == 1:
-        link = crowded_link(link, ranks, hosts[0].cores)
     else:  # every rank timed the same all_sums: their mean, the same on every rank
         latency = sum(r["link"][0] for r in records) / len(records)
         rate = sum(r["link"][1] for r in records) / len(records)
@@ -223,18 +227,17 @@ def measure_speed(
     return Speed(machines, link, crowding, rates_shared=True)
 
 
-def crowded_link(measured: Link, ranks: int, cores: int) -> Link:
-    """The link of ranks that outnumber their one host's cores: their all_sums timed the
-    scheduler's turns (1.0-4.0 ms a hop over nine starts of 3 ranks on 2 cores, the
-    steps' waits 3.0-3.8 ms a hop), not the loopback, so its table figure stands and the
-    step-time model adds each hop's wait (CROWDED_HOP_MS)."""
+def crowded_link(ranks: int, cores: int) -> Link:
+    """The link of ranks that outnumber their one host's cores. Timed at start it gave the
+    scheduler's turns (1.0-4.0 ms a hop over nine starts of 3 ranks on 2 cores, the steps'
+    waits 3.0-3.8 ms a hop), not the loopback, so its table figure stands and the step-time
+    model adds each hop's wait (CROWDED_HOP_MS)."""
     local = link_named("ring-local")
     log.info(
-        "link: %d ranks on %d cores of one host timed %.0f us a hop, the scheduler's turns;"
-        " the loopback's %.0f us + %.1f GB/s taken, and each hop's wait for the scheduler",
+        "link: %d ranks on %d cores of one host would time the scheduler's turns; the"
+        " loopback's %.0f us + %.1f GB/s taken, and each hop's wait for the scheduler",
         ranks,
         cores,
-        measured.latency_us,
         local.latency_us,
         local.gb_s,
     )
