@@ -54,6 +54,9 @@ CROWDED_HOP_MS = 1.9
 # crowded_transfer.py): 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4 / 8.8-10.8 / 15.4-17.8 /
 # 50-53 ms, 8.5 ms a MB moved beyond the hops' turns and the loopback.
 CROWDED_MS_PER_MB = 8.5
+# mlx-lm's SwitchGLU sorts a forward's routes by expert from this many (switch_layers.py);
+# below, gather_mm reads each route's expert for it alone.
+SORTED_ROUTES = 64
 
 
 @dataclass(frozen=True)
@@ -175,23 +178,29 @@ def _touched(held: int, total: int, picks: int, tokens: int) -> float:
 
 
 def _routed(work: PlanWork, tokens: int, samples: int = 256) -> list[tuple[float, float]]:
-    """Per rank, (experts it computes in a MoE layer, its share of the layer's routes) for
-    a forward of `tokens` tokens. A rank of a pipeline or of mlx-lm's shard() computes
-    every route (through its slice of each expert in the latter). An expert split's ranks
-    wait at each layer's all_sum for the busiest, so each counts the busiest rank's: the
-    most experts touched and the largest share of routes, by the layers' routes as serving
-    counted them (`expert_shares`) or evenly."""
+    """Per rank, (expert reads in a MoE layer, its share of the layer's routes) for a
+    forward of `tokens` tokens. Under SORTED_ROUTES routes mlx-lm's SwitchGLU does not sort
+    them, and each route reads its expert; past it, each expert touched is read once for
+    its tokens. A rank of a pipeline or of mlx-lm's shard() computes every route (through
+    its slice of each expert in the latter). An expert split's ranks wait at each layer's
+    all_sum for the busiest, so each counts the busiest rank's: the most reads and the
+    largest share of routes, by the layers' routes as serving counted them
+    (`expert_shares`) or evenly."""
     held = [r.experts_held for r in work.ranks]
     total, picks = work.num_experts, work.experts_per_token
     if not total or not any(held) or not tokens:
         return [(0.0, 0.0)] * len(held)
+    each_route = tokens * picks < SORTED_ROUTES
     if not (work.strategy == "tensor" and work.experts_divided):
-        return [(_touched(h, total, picks, tokens), 1.0 if h else 0.0) for h in held]
+        reads = [tokens * picks if each_route else _touched(h, total, picks, tokens) for h in held]
+        return [(r, 1.0) if h else (0.0, 0.0) for r, h in zip(reads, held, strict=True)]
     layers = [np.asarray(s) for s in work.expert_shares] or [np.full(total, 1.0 / total)]
     edges = np.cumsum([0, *held])
     spans = list(zip(edges[:-1], edges[1:], strict=True))
     share = busiest_share(work.expert_shares, held)
-    if tokens * picks > 4 * total:  # many tokens: each rank's expected count is its count
+    if tokens * picks > 4 * total and each_route:  # many routes: each rank's expected ones
+        busiest = [max(tokens * picks * p[a:b].sum() for a, b in spans) for p in layers]
+    elif tokens * picks > 4 * total:  # many tokens: each rank's expected count is its count
         chance = [np.minimum(1.0, picks * p) for p in layers]  # a token's odds of each expert
         busiest = [max((1 - (1 - c[a:b]) ** tokens).sum() for a, b in spans) for c in chance]
     else:  # few: E[max over ranks] by a seeded sampling of routes, `picks` per token,
@@ -203,10 +212,10 @@ def _routed(work: PlanWork, tokens: int, samples: int = 256) -> list[tuple[float
         for p in sampled:
             with np.errstate(divide="ignore"):
                 keys = np.log(p) + rng.gumbel(size=(each, tokens, total))
-            chosen = np.argpartition(-keys, picks - 1, axis=-1)[..., :picks]
-            used = np.zeros((each, total), dtype=bool)
-            np.put_along_axis(used, chosen.reshape(each, -1), True, axis=-1)
-            counts = np.stack([used[:, a:b].sum(axis=1) for a, b in spans], axis=1)
+            chosen = np.argpartition(-keys, picks - 1, axis=-1)[..., :picks].reshape(each, -1)
+            routes = np.stack([np.bincount(c, minlength=total) for c in chosen])
+            read = routes if each_route else routes > 0
+            counts = np.stack([read[:, a:b].sum(axis=1) for a, b in spans], axis=1)
             busiest.append(float(counts.max(axis=1).mean()))
     most = float(np.mean(busiest))
     return [(most, share) if h else (0.0, 0.0) for h in held]
