@@ -27,33 +27,39 @@ class Overhead:
 
 
 # MLX on a CPU (this project's Linux hosts), bench/step_overhead.py: the fixed part from
-# the steps of tiny models whose weights cost nothing (0.475 ms a step, 0.266 ms a layer);
+# the steps of tiny models whose weights cost nothing (0.465 ms a step, 0.454 ms a layer);
 # a full-size layer's extra (the kernel's helper threads wake for each product between a
-# layer's other work: 0.110 ms) and the cost a row and layer (attention, activations:
-# 0.0433 ms) from the default model's steps on one rank, less the probe's weights. A
+# layer's other work: 0.059 ms) and the cost a row and layer (attention, activations:
+# 0.0554 ms) from the default model's steps on one rank, less the probe's weights. Fitted
+# on the Xeon host (2026-11-29, three rounds and three one-rank runs) after SwiGLU's kernel;
+# the AMD host's figures before it (0.475, 0.376, 0.0433) read two one-rank runs of the
+# default model -8% / -21% at 1 / 8 clients, these +4% / -12% (docs/BENCHMARKS.md). A
 # prefill row's is measured at start where the probe can (distributed/machine_probe.py
 # `_row_work`, Speed.overhead); a decode row keeps this calibrated sum.
-CPU_OVERHEAD = Overhead(0.475, 0.376, 0.0433, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
+CPU_OVERHEAD = Overhead(0.465, 0.513, 0.0554, "measured: bench.step_overhead (docs/BENCHMARKS.md)")
 # A rank with one core or less while it computes (a tensor or expert split's ranks sharing
 # a host's cores, or a one-core host), bench/step_overhead.py --one-core: MLX's thread that
 # builds and dispatches the step and the threads that run its kernels take turns on the
 # core where they overlapped on two. Fitted on the Xeon host (2026-11-29) after SwiGLU's
 # own kernel (engine/cpu_activation.py) made a decode row cheaper: the tiny models' steps
 # under `taskset -c 0`, two rounds: 1.63 ms a step, 0.387 a layer; a full-size layer's
-# extra (0.040 ms) and 0.0364 ms more a decode row and layer from three one-rank runs of the
-# default model on one core. The AMD host's figures before it (0.652 a layer, 0.0934 a row
+# extra (0.040 ms) and 0.0364 ms more a decode row and layer than the two-core kind's 0.0433
+# from three one-rank runs of the default model on one core (0.0797 in all; 0.0243 more
+# than that kind's refit 0.0554). The AMD host's figures before it (0.652 a layer, 0.0934 a row
 # and layer) read those runs +11 to +14% / +12 to +24% at 1 / 8 clients, now -1 to +1% /
 # -6 to +4%; the 2-rank tensor split's medians +20% / +43%, now +3% / +16%
 # (docs/BENCHMARKS.md).
 CPU_ONE_CORE_OVERHEAD = Overhead(
-    1.629, 0.427, 0.0433, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0364
+    1.629, 0.427, 0.0554, "measured: bench.step_overhead --one-core (docs/BENCHMARKS.md)", 0.0243
 )
 # The same two, measured alike with COMPILED_DECODE=off (`--eager`, 2026-11-27: the tiny
 # models' steps through the origin, three rounds each, and three one-rank runs each), for
 # the decode steps of plans that run uncompiled (a pipeline, an expert split:
 # distributed/step_work.py `eager`), where every elementwise operation of a layer is a
 # kernel launch of its own. The 2-rank pipeline's decode went from -7% / -7% at 1 / 8
-# clients to +6% / +3% (the same three runs, docs/BENCHMARKS.md).
+# clients to +6% / +3% (the same three runs, docs/BENCHMARKS.md). Fitted again on the Xeon
+# host (2026-11-29: 0.864 ms a step, 0.333 a layer, 0.139 a row and layer) they put 35 of
+# the step-time table's 48 cells within 20% against 38 with these, so these stay.
 CPU_EAGER_OVERHEAD = Overhead(
     0.0, 0.691, 0.0548, "measured: bench.step_overhead --eager (docs/BENCHMARKS.md)"
 )
