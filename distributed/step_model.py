@@ -198,9 +198,10 @@ def _routed(work: PlanWork, tokens: int, samples: int = 256) -> list[tuple[float
     edges = np.cumsum([0, *held])
     spans = list(zip(edges[:-1], edges[1:], strict=True))
     share = busiest_share(work.expert_shares, held)
-    if tokens * picks > 4 * total and each_route:  # many routes: each rank's expected ones
+    many = tokens * picks > 4 * total
+    if many and each_route:  # many routes: each rank's expected routes are its reads
         busiest = [max(tokens * picks * p[a:b].sum() for a, b in spans) for p in layers]
-    elif tokens * picks > 4 * total:  # many tokens: each rank's expected count is its count
+    elif many:  # many tokens: each rank's expected count is its count
         chance = [np.minimum(1.0, picks * p) for p in layers]  # a token's odds of each expert
         busiest = [max((1 - (1 - c[a:b]) ** tokens).sum() for a, b in spans) for c in chance]
     else:  # few: E[max over ranks] by a seeded sampling of routes, `picks` per token,

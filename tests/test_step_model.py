@@ -131,7 +131,7 @@ def test_routed_experts_cost_where_tokens_go_and_the_busiest_rank_sets_the_pace(
 def test_a_decode_steps_routes_each_read_their_expert_and_a_prefills_each_expert_once() -> None:
     """Under SORTED_ROUTES routes mlx-lm's SwitchGLU leaves them unsorted and gather_mm reads
     each route's expert for it alone: the bench's MoE at 8 clients, one rank, read -25% by
-    the experts touched and +6% by the routes (docs/BENCHMARKS.md)."""
+    the experts touched and +6% by the routes at commit 44ac89c (docs/BENCHMARKS.md)."""
     moe = write_config("qwen3_moe")
     whole = plan_work(make_plan(moe, 1, None, "tensor"), 4)
     picks, total = whole.experts_per_token, whole.num_experts
