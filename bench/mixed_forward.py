@@ -6,11 +6,15 @@ each way's time. A measurement outside the engine, not a path of it.
     .venv/bin/python -m bench.mixed_forward [--model DIR] [--rows 4] [--context 300]
         [--prompt 2000] [--chunk 48]
 
-One rank, the engine's CPU kernels and head layout. The step goes in as rows + chunk batch
-rows of one token each, so every projection, norm and MLP takes them all at once. Each
-layer's `MixedCache` gives each row its position (mx.fast.rope takes an offset per batch
-row), sends the decode rows to their batch cache and the chunk's to the prompt's cache,
-and hands attention (`mixed_attention`) both, which attends each part over its own keys.
+One rank, the model set up as server.py sets it up (bench.engine_steps.served_model: the
+engine's CPU kernels, its head layout, the head on the last position only). The step goes
+in as rows + chunk batch rows of one token each, so every projection, norm and MLP takes
+them all at once. Each layer's `MixedCache` gives each row its position (mx.fast.rope
+takes an offset per batch row), sends the decode rows to their batch cache and the chunk's
+to the prompt's cache, and hands attention (`mixed_attention`) both, which attends each
+part over its own keys; the head then takes the decode rows and the chunk's last, as the
+two forwards' heads do. Families whose forward ends in `model.model` then a head (llama's
+shape, the default model's).
 """
 
 from __future__ import annotations
@@ -20,15 +24,15 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm import load
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from bench.compiled_decode import DEFAULT_MODEL
-from engine import cpu_kernels
-from engine.cpu_linear import transpose_linears
+from bench.engine_steps import served_model
+from engine.cpu_linear import ties_head
 
 Fetched = tuple[mx.array, mx.array, Any, mx.array, mx.array]
 
@@ -96,10 +100,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=48, help="the chunk's tokens")
     parser.add_argument("--trials", type=int, default=15)
     args = parser.parse_args()
-    cpu_kernels.install()
+    model: Any = served_model(Path(args.model))
     mx.fast.scaled_dot_product_attention = mixed_attention(mx.fast.scaled_dot_product_attention)
-    model: Any = load(args.model)[0]
-    transpose_linears(model, "plain")
     layers, rows, size = len(model.layers), args.rows, args.chunk
     mx.random.seed(0)
     answers = mx.random.randint(0, 1000, (rows, args.context)).astype(mx.uint32)
@@ -132,7 +134,10 @@ def main() -> None:
     def one(ours: list, theirs: list) -> tuple[mx.array, mx.array]:
         mixed: list[MixedCache] = []
         mixed += [MixedCache(b, c, rows, size, mixed) for b, c in zip(ours, theirs, strict=True)]
-        out = model(mx.concatenate([tokens[:, 0], chunk[0]])[:, None], cache=mixed)[:, -1]
+        hidden = model.model(mx.concatenate([tokens[:, 0], chunk[0]])[:, None], cache=mixed)
+        kept = mx.concatenate([hidden[:rows], hidden[-1:]])  # what the two forwards' heads take
+        head = model.model.embed_tokens.as_linear if ties_head(model) else model.lm_head
+        out = head(kept)[:, -1]
         return out[:rows], out[-1:]
 
     d2, c2 = timed(two)[1]
