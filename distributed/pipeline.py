@@ -34,6 +34,7 @@ from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt
 from distributed.families import registered
 from distributed.head_positions import tail
 from distributed.plan import Plan
+from distributed.prefill_pieces import piece_bounds, prefill_pieces
 from distributed.watchdog import EvalGuard, guarded_eval
 
 
@@ -111,17 +112,37 @@ class PipelineStage(nn.Module):
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         batch, length = inputs.shape[:2]
         cache = cache if cache is not None else [None] * len(self.layers)
-        # Later stages never read the tokens; if they came from a collective (rank 0's
-        # broadcast), evaluating them first keeps every rank in that collective before
-        # any rank blocks in a receive.
+        # Later stages never read the tokens; if they came from rank 0's broadcast,
+        # evaluating them first keeps every rank in that collective before any rank blocks
+        # in a receive.
         self._eval(inputs, "pipeline input")
-        if self.first:
-            h = self.embed_tokens(inputs)
-        else:
-            shape = (batch, length, self.hidden_size)
-            h = mx.distributed.recv(shape, self.hidden_dtype, self.rank - 1, group=self.group)
-        h = self._run_layers(h, cache)
         positions = tail()  # 1, or the positions a speculative step verifies
+        # A long prefill streams through the stages in pieces (distributed/prefill_pieces.py);
+        # every rank cuts the same pieces from the same shape.
+        pieces = prefill_pieces(length, self.world) if positions == 1 else 1
+        for start, end in piece_bounds(length, pieces):
+            h = self._stage(inputs[:, start:end], cache)
+            if end < length:  # an earlier piece: passed on (or, last, computed) now, so
+                self._pass_on(h)  # this stage takes the next while the next stage takes it
+        return self._last_piece(h, batch, positions)
+
+    def _stage(self, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """This stage's layers over one piece: embedded here, or received from the left."""
+        if self.first:
+            h = self.embed_tokens(tokens)
+        else:
+            shape = (tokens.shape[0], tokens.shape[1], self.hidden_size)
+            h = mx.distributed.recv(shape, self.hidden_dtype, self.rank - 1, group=self.group)
+        return self._run_layers(h, cache)
+
+    def _pass_on(self, h: mx.array) -> None:
+        if self.last:
+            self._eval(h, "pipeline piece")
+            return
+        sent = mx.distributed.send(h.astype(self.hidden_dtype), self.rank + 1, group=self.group)
+        self._eval(sent, "pipeline send")
+
+    def _last_piece(self, h: mx.array, batch: int, positions: int) -> mx.array:
         logits_shape = (batch, positions, self.vocab_size)
         if self.last:
             out = self.norm(h[:, -positions:, :])
@@ -130,8 +151,7 @@ class PipelineStage(nn.Module):
             sent = mx.distributed.send(out.astype(mx.float32), 0, group=self.group)
             self._eval(sent, "pipeline send to rank 0")
             return mx.zeros(logits_shape)
-        sent = mx.distributed.send(h.astype(self.hidden_dtype), self.rank + 1, group=self.group)
-        self._eval(sent, "pipeline send")
+        self._pass_on(h)
         if not self.first:
             return mx.zeros(logits_shape)
         width = self.hidden_size if self.tied else self.vocab_size

@@ -6,7 +6,8 @@
   step's tokens go, the KV of the context) at its machine's rate for that many rows, plus
   attention's arithmetic over the context. Tensor and expert plans compute at once and
   sync after attention and after the MLP, so each part's busiest rank counts; a
-  pipeline's stages run one after another, so every rank counts.
+  pipeline's stages run one after another, so every rank counts, except in a long
+  prefill, which streams through them in pieces (distributed/prefill_pieces.py).
 - collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Where ranks outnumber their host's cores, each hop of a
@@ -32,6 +33,7 @@ import numpy as np
 
 from distributed.chips import Chip, Link
 from distributed.expert_load import busiest_share
+from distributed.prefill_pieces import prefill_pieces, streamed_ms
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD, Overhead, cpu_overhead
 from distributed.step_work import PlanWork, RankWork
 
@@ -288,13 +290,20 @@ def predict(
     # few percent by the compiled decode's terms, so only a decode step tells eager apart
     eager = work.eager and not prefill
     kinds = [speed.overhead(r.rank, at_once, eager) for r in work.ranks]
+    # a long prefill streams through a pipeline's stages in pieces, each piece a forward
+    pieces = prefill_pieces(prefill, work.world) if work.strategy == "pipeline" else 1
     overheads = [
-        o.ms(r.layers, rows, decode=not prefill) * speed.crowd(r.rank)
+        (o.ms(r.layers, rows, decode=not prefill) + (pieces - 1) * r.layers * o.layer_ms)
+        * speed.crowd(r.rank)
         for r, o in zip(work.ranks, kinds, strict=True)
     ]
-    if work.strategy == "pipeline":
-        compute, overhead = sum(computes), sum(overheads)
-        overhead -= sum(o.step_ms for o in kinds[1:])  # one plan, one sampler
+    if work.strategy == "pipeline":  # one plan, one sampler: one step's fixed cost
+        stages = [
+            c + o - (k.step_ms if r.rank else 0.0)
+            for c, o, r, k in zip(computes, overheads, work.ranks, kinds, strict=True)
+        ]
+        compute = streamed_ms(computes, pieces)
+        overhead = streamed_ms(stages, pieces) - compute
     elif work.strategy == "tensor":
         compute, overhead = _synced_compute(work, segments), max(overheads)
     else:

@@ -19,6 +19,7 @@ from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
 from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, measure_split, splits
+from distributed.prefill_pieces import MIN_PIECE, piece_bounds, prefill_pieces, streamed_ms
 from distributed.step_model import (
     SORTED_ROUTES,
     ClusterModel,
@@ -304,9 +305,8 @@ def test_auto_weighs_prefill_and_many_clients_beside_one_client() -> None:
 
 
 def test_the_prefill_figure_is_an_agents_prompt_with_attention_over_its_cache() -> None:
-    """The plan's prefill figure is a prompt of PREFILL_PROMPT tokens chunk by chunk, so a
-    split that divides attention (by heads) prefills a long prompt faster than a pipeline
-    whose every stage attends over it whole."""
+    """The plan's prefill figure is a prompt of PREFILL_PROMPT tokens chunk by chunk, each
+    chunk attending over the ones before it."""
     from distributed.plan_speed import PREFILL_CHUNK, PREFILL_PROMPT
 
     slow_attention = Machine(
@@ -321,7 +321,22 @@ def test_the_prefill_figure_is_an_agents_prompt_with_attention_over_its_cache() 
     first_chunk = 1000 * PREFILL_CHUNK / predict(tensor.work, speed, 1, prefill=PREFILL_CHUNK).ms
     assert tensor.prefill_tokens == PREFILL_PROMPT
     assert tensor.prefill_tokens_per_s < first_chunk / 2  # later chunks attend over more
-    assert tensor.prefill_tokens_per_s > 1.5 * pipeline.prefill_tokens_per_s
+    first_chunk = 1000 * PREFILL_CHUNK / predict(pipeline.work, speed, 1, prefill=PREFILL_CHUNK).ms
+    assert pipeline.prefill_tokens_per_s < first_chunk / 2
+
+
+def test_a_pipelines_long_prefill_streams_through_its_stages_in_pieces() -> None:
+    """A pipeline's prefill of MIN_PIECE tokens runs its stages one after another; a long
+    one streams through them in pieces: near the slowest stage's time, not the sum."""
+    speed = Speed((flat(1e7),) * 2, LINK)
+    work = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
+    short, long = (predict(work, speed, 1, prefill=n) for n in (MIN_PIECE, 16 * MIN_PIECE))
+    assert prefill_pieces(MIN_PIECE, 2) == 1 and prefill_pieces(16 * MIN_PIECE, 2) == 4
+    assert short.compute_ms == pytest.approx(sum(short.parts.values()))
+    stages = list(long.parts.values())
+    assert long.compute_ms == pytest.approx(streamed_ms(stages, 4))
+    assert max(stages) < long.compute_ms < 0.7 * sum(stages)  # (4 + 1) / 4 of one stage
+    assert [end - start for start, end in piece_bounds(10, 4)] == [3, 3, 2, 2]
 
 
 def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:

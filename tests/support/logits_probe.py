@@ -13,6 +13,8 @@ For each case, rank 0 writes OUT_DIR/<name>.npz with:
                  through batch caches (BatchKVCache, BatchRotatingKVCache for windows)
   batch_logits   `batch_steps` greedy decode steps of the sequences prefilled one by one
                  and merged into batch caches (as the engine does)
+  long_logits    last-position logits of the prompt repeated to LONG_PROMPT tokens (a
+                 pipeline streams it through its stages in pieces), then of 4 greedy steps
 Every rank writes OUT_DIR/<name>.rank<r>.json with its plan line, its weight bytes (held
 and predicted from the headers) and its KV bytes per token (measured and predicted).
 A single process (world 1) ignores the cases' parallelism and weights: it is the reference.
@@ -41,6 +43,9 @@ from distributed.plan_text import describe  # noqa: E402
 from engine import cpu_kernels  # noqa: E402
 from engine.batch_caches import left_pad, merged  # noqa: E402
 from engine.prefix_store import kv_bytes_per_token  # noqa: E402
+
+LONG_PROMPT = 640  # 4 pieces at 2 ranks, 5 at 3 (distributed/prefill_pieces.py)
+LONG_STEPS = 4
 
 
 def _last(model, tokens: mx.array, cache) -> mx.array:
@@ -131,6 +136,15 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         model, sequences, spec["batch_steps"], lambda tokens: _agree(tokens, group)
     )
 
+    repeated = (prompt_ids * (LONG_PROMPT // len(prompt_ids) + 1))[:LONG_PROMPT]
+    long_cache = make_prompt_cache(model)
+    logits = _last(model, mx.array(repeated)[None], long_cache)
+    long_logits = [logits]
+    for _ in range(LONG_STEPS):
+        token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
+        logits = _last(model, token[:, None], long_cache)
+        long_logits.append(logits)
+
     info["load_s"] = round(loaded - started, 2)
     info["run_s"] = round(time.perf_counter() - loaded, 2)
     (out / f"{case['name']}.rank{group.rank()}.json").write_text(json.dumps(info))
@@ -142,6 +156,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
             tokens=np.array(mx.concatenate(tokens)),
             padded_logits=np.array(padded_logits),
             batch_logits=np.array(mx.stack(batch_logits)),
+            long_logits=np.array(mx.stack(long_logits)),
         )
 
 

@@ -1,0 +1,46 @@
+"""How a pipeline streams a long prefill through its stages: the chunk in pieces.
+
+A pipeline's forward runs its stages one after another, so during a prefill of one chunk
+each rank waits for the ranks before it and then for the ones after it: with S stages a
+rank works 1/S of the time. Cut into P pieces along the sequence, the chunk streams: stage
+1 takes piece 2 while stage 2 takes piece 1, and the forward takes (P + S - 1) / P of one
+stage's time instead of S of them. Each piece still attends over the pieces before it (the
+cache fills in order on every stage), so the result is the same forward.
+
+A piece is at least MIN_PIECE tokens (below it a piece's fixed cost, a forward's per-layer
+dispatch, weighs more than the stage it saves) and a chunk takes at most PIECES_PER_STAGE
+pieces a stage: beyond that the bubble it closes is small next to the cost of more pieces.
+"""
+
+from __future__ import annotations
+
+MIN_PIECE = 128
+PIECES_PER_STAGE = 2
+
+
+def prefill_pieces(tokens: int, stages: int) -> int:
+    """How many pieces a pipeline of `stages` stages cuts a prefill of `tokens` into (1:
+    the chunk goes whole)."""
+    if stages < 2:
+        return 1
+    return max(1, min(PIECES_PER_STAGE * stages, tokens // MIN_PIECE))
+
+
+def piece_bounds(tokens: int, pieces: int) -> list[tuple[int, int]]:
+    """(start, end) of each piece, as even as the tokens allow, the longer ones first."""
+    size, extra = divmod(tokens, pieces)
+    bounds, start = [], 0
+    for i in range(pieces):
+        end = start + size + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def streamed_ms(stage_ms: list[float], pieces: int) -> float:
+    """A forward's time when each stage takes `stage_ms` for the whole chunk and the chunk
+    streams in `pieces` pieces: the first piece through every stage, then the slowest
+    stage's share for each piece after it."""
+    if pieces <= 1:
+        return sum(stage_ms)
+    return sum(stage_ms) / pieces + (pieces - 1) * max(stage_ms) / pieces
