@@ -44,7 +44,7 @@ from engine import cpu_kernels  # noqa: E402
 from engine.batch_caches import left_pad, merged  # noqa: E402
 from engine.prefix_store import kv_bytes_per_token  # noqa: E402
 
-LONG_PROMPT = 640  # 4 pieces at 2 ranks, 5 at 3 (distributed/prefill_pieces.py)
+LONG_PROMPT = 640  # 5 pieces at 2 and 3 ranks (distributed/prefill_pieces.py)
 LONG_STEPS = 4
 
 
