@@ -36,6 +36,7 @@ import numpy as np
 
 from bench.step_model import model_of
 from bench.step_time import run_batch
+from distributed.machine_probe import this_cpu
 from distributed.step_model import Speed, predict
 from distributed.step_overhead import Overhead, cpu_overhead
 from launcher.local_cluster import Cluster
@@ -104,7 +105,7 @@ def main() -> None:
     out = {"tiny_models_ms": steps, "step_ms": round(step, 3), "layer_ms": round(layer, 4)}
     if args.calibrate:
         reports = [json.loads(path.read_text()) for path in args.calibrate]
-        kept = cpu_overhead(False, args.eager).row_layer_ms if args.one_core else 0.0
+        kept = cpu_overhead(False, args.eager, this_cpu()).row_layer_ms if args.one_core else 0.0
         extra, per_row = calibrate(reports, step, layer, kept)
         out["full_layer_extra_ms"] = round(extra, 4)
         out["decode_row_layer_ms" if args.one_core else "row_layer_ms"] = round(per_row, 5)

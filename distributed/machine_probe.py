@@ -216,6 +216,11 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int, floor_ms: float) -
     return 2 * 3 * tokens * picks * hidden * columns / median_ms(run, REPEATS, floor_ms=floor_ms)
 
 
+def this_cpu() -> str:
+    """This machine's CPU as MLX names it ("AMD EPYC"): its overheads' kinds."""
+    return str(mx.device_info().get("device_name", ""))
+
+
 def _row_work(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> float:
     """Ms a row and layer of a prefill's work beside its products and attention: the two
     norms and residual sums over the hidden size, the queries, keys and values into heads
@@ -329,4 +334,5 @@ def probe_machine(
         row_layer_ms=row_work,
         chip=known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,
+        cpu="" if gpu else this_cpu(),
     )

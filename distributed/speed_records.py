@@ -41,6 +41,7 @@ def machine_record(machine: Machine) -> dict[str, Any]:
         "row_layer_ms": round(machine.row_layer_ms, 5),
         "chip": machine.chip.name if machine.chip else "",
         "gpu": machine.overhead is GPU_OVERHEAD,
+        "cpu": machine.cpu,
     }
 
 
@@ -58,6 +59,7 @@ def machine_from_record(record: dict[str, Any]) -> Machine:
         row_layer_ms=float(record.get("row_layer_ms", 0.0)),
         chip=known_chip(record.get("chip", "")),
         overhead=GPU_OVERHEAD if record.get("gpu") else CPU_OVERHEAD,
+        cpu=record.get("cpu", ""),
     )
 
 

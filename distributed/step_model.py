@@ -14,7 +14,8 @@
   collective also waits for the scheduler to run the rank it needs (CROWDED_HOP_MS), and
   a large one again as its bytes pass (CROWDED_MS_PER_MB).
 - overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
-  and on a CPU by the cores a rank has while it computes and whether its step is compiled.
+  and on a CPU by the CPU, the cores a rank has while it computes and whether its step is
+  compiled.
 
 A machine's rate is measured where the ranks run (bytes a rank multiplies per ms at 1, 2,
 4, 8 and 16 rows and at a prefill's many), or, for an Apple chip described by hand, its
@@ -45,11 +46,9 @@ FLOPS_SHARE = 0.5
 # outnumber its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's
 # one) waits for the scheduler to run the rank it needs: 1.55-2.15 ms a hop, 1.9 on average,
 # over six runs of 3 ranks of a tensor split on 2 cores at 1 and 8 clients (126 hops a
-# step; a Xeon host, 2026-11-27), the loopback's own cost taken from its table. On the same
-# host 2.0-2.6 (three runs) while every guard of a collective woke the watchdog's thread
-# and every step held an empty vote of the prefix cache's disk tier (both gone:
-# distributed/watchdog.py, engine/prefix_disk.py); 3.0-3.8 on the AMD EPYC host where it
-# was first fitted, with both. A pipeline's hand-overs wait alike.
+# step; a Xeon host, 2026-11-27), the loopback's own cost taken from its table (2.0-2.6
+# there, 3.0-3.8 on the AMD EPYC host, while every guard of a collective woke the watchdog's
+# thread and every step held a disk vote, both gone). A pipeline's hand-overs wait alike.
 CROWDED_HOP_MS = 1.9
 # And a large transfer between such ranks waits a turn again for about every 0.4 MB moved:
 # 3 ranks on 2 cores, 20 all_sums a step between products, three runs (bench/
@@ -78,6 +77,7 @@ class Machine:
     row_layer_ms: float = 0.0  # a prefill row's work in a layer beside those (0: the table's)
     chip: Chip | None = None
     overhead: Overhead = CPU_OVERHEAD
+    cpu: str = ""  # a CPU's name as MLX gives it ("AMD EPYC"): its overheads' kinds
 
     @classmethod
     def of_chip(cls, chip: Chip, memory_bytes: int, cores: int = 8) -> Machine:
@@ -147,7 +147,7 @@ class Speed:
         if machine.overhead is not CPU_OVERHEAD:
             return machine.overhead
         shared = self.crowding[rank] if self.crowding and at_once else 1.0 / machine.cores
-        kind = cpu_overhead(shared >= 1.0, eager)
+        kind = cpu_overhead(shared >= 1.0, eager, machine.cpu)
         if not machine.row_layer_ms:
             return kind
         # a prefill row's cost as measured, and a decode row's as calibrated (the same

@@ -68,11 +68,55 @@ CPU_EAGER_ONE_CORE_OVERHEAD = Overhead(
 )
 
 
-def cpu_overhead(one_core: bool, eager: bool) -> Overhead:
-    """A CPU rank's overhead: with one core or less while it computes, and uncompiled."""
-    if one_core:
-        return CPU_EAGER_ONE_CORE_OVERHEAD if eager else CPU_ONE_CORE_OVERHEAD
-    return CPU_EAGER_OVERHEAD if eager else CPU_OVERHEAD
+# The AMD EPYC host (2 cores; MLX names it "AMD EPYC"), fitted alike on 2026-11-29 after
+# SwiGLU's kernel (three rounds of the tiny models, three one-rank runs of the default model
+# each): its layers cost 58% of the Xeon's (0.251 + 0.045 ms a layer), and with the Xeon's
+# kinds one rank's decode read +27% / +23% at 1 / 8 clients, the pipelines' +20% to +46%.
+# On one core a decode row and layer cost 0.034 ms in all (0.027 eager), less than its
+# prefill row's 0.051 (0.044): the extra is negative.
+EPYC_OVERHEAD = Overhead(0.099, 0.296, 0.0513, "measured: bench.step_overhead on an AMD EPYC")
+EPYC_ONE_CORE_OVERHEAD = Overhead(
+    0.0, 0.402, 0.0513, "measured: bench.step_overhead --one-core on an AMD EPYC", -0.0174
+)
+EPYC_EAGER_OVERHEAD = Overhead(
+    0.32, 0.450, 0.0437, "measured: bench.step_overhead --eager on an AMD EPYC"
+)
+EPYC_EAGER_ONE_CORE_OVERHEAD = Overhead(
+    0.14, 0.553, 0.0437, "measured: bench.step_overhead --eager --one-core on an AMD EPYC", -0.0169
+)
+
+
+@dataclass(frozen=True)
+class CpuKinds:
+    """One CPU's four overheads: with cores to spare or one core while a rank computes,
+    its step compiled or eager."""
+
+    compiled: Overhead
+    one_core: Overhead
+    eager: Overhead
+    eager_one_core: Overhead
+
+    def of(self, one_core: bool, eager: bool) -> Overhead:
+        if one_core:
+            return self.eager_one_core if eager else self.one_core
+        return self.eager if eager else self.compiled
+
+
+XEON = CpuKinds(
+    CPU_OVERHEAD, CPU_ONE_CORE_OVERHEAD, CPU_EAGER_OVERHEAD, CPU_EAGER_ONE_CORE_OVERHEAD
+)
+EPYC = CpuKinds(
+    EPYC_OVERHEAD, EPYC_ONE_CORE_OVERHEAD, EPYC_EAGER_OVERHEAD, EPYC_EAGER_ONE_CORE_OVERHEAD
+)
+# By the name MLX gives the CPU (mx.device_info()'s device_name, recorded at start); a CPU
+# not fitted takes the Xeon's kinds, the host most of the step-time table was measured on.
+CPUS = {"AMD EPYC": EPYC}
+
+
+def cpu_overhead(one_core: bool, eager: bool, cpu: str = "") -> Overhead:
+    """A CPU rank's overhead: on this CPU, with one core or less while it computes, and
+    uncompiled."""
+    return CPUS.get(cpu, XEON).of(one_core, eager)
 
 
 # ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the

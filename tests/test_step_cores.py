@@ -255,3 +255,20 @@ def test_a_rows_all_sum_costs_what_a_step_meets_where_that_is_more() -> None:
     assert cheap.latency_us == line.latency_us  # a step never meets less than back to back
     other = LinkTimes(sizes, times, in_step=(row, 0.9))
     assert LinkTimes(sizes, times, in_step=(row, 1.1)).fastest(other).in_step == (row, 0.9)
+
+
+def test_a_rank_pays_the_overhead_fitted_on_its_cpu_and_the_record_keeps_the_cpu() -> None:
+    """The kinds differ by CPU (the AMD EPYC host's layers cost 58% of the Xeon's); a CPU
+    the table does not know takes the Xeon's; the CPU's name travels in the speed record."""
+    from distributed.speed_records import machine_from_record, machine_record
+    from distributed.step_overhead import EPYC, XEON
+
+    work = plan_work(make_plan(SMOL, 1, None), 4)
+    for cpu, kinds in (("AMD EPYC", EPYC), ("Intel(R) Xeon(R) Processor", XEON), ("", XEON)):
+        machine = replace(flat(), overhead=CPU_OVERHEAD, cpu=cpu)
+        speed = Speed((machine,), LINK)
+        assert speed.overhead(0, at_once=False) is kinds.compiled
+        assert speed.overhead(0, at_once=False, eager=True) is kinds.eager
+        assert predict(work, speed, 8).overhead_ms == pytest.approx(kinds.compiled.ms(30, 8))
+        assert machine_from_record(machine_record(machine)).cpu == cpu
+    assert EPYC.compiled.ms(30, 1) < 0.7 * XEON.compiled.ms(30, 1)
