@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx.utils import tree_map
@@ -278,11 +278,28 @@ def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     return int(max(MIN_PROBE_BYTES, min(budget, model)))
 
 
+class Turns(Protocol):
+    """Ranks sharing a host's cores (distributed/step_probe.py): `together` waits for all
+    of them; `each_alone` runs its argument on each rank in turn while the others wait."""
+
+    def together(self) -> None: ...
+
+    def each_alone(self, run: Any) -> Any: ...
+
+
 def probe_machine(
-    shape: ModelShape, activation_bytes: int, name: str = "", crowded: bool = False
+    shape: ModelShape,
+    activation_bytes: int,
+    name: str = "",
+    crowded: bool = False,
+    turns: Turns | None = None,
 ) -> Machine:
     """This machine's rates for `shape`'s layers, head and attention, as one rank of it
-    sees them now (`crowded`: beside more ranks than the host has cores)."""
+    sees them now (`crowded`: beside more ranks than the host has cores). With `turns`,
+    the ranks sharing the host probe each decode row count at once, and then each alone
+    while the others wait (`Machine.alone_rates`): at one row the two read 13-16 and 20-22
+    GB/s on the AMD EPYC host, and unsynchronized either came out by chance; a tensor
+    split's steps went by the first, a pipeline's by the second (docs/BENCHMARKS.md)."""
     floor = CROWDED_SAMPLE_MS if crowded else 0.0
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     gpu = mx.default_device() == mx.gpu
@@ -290,13 +307,22 @@ def probe_machine(
     layers = _Weights(_layer_shapes(shape), shape, dtype, budget, floor_ms=floor)
     layers.ms(1, 1)  # the first pass after the allocation pays the kernel's page work
     quarter = max(1, len(layers.items) // 4)
-    rates = [(rows, _slope(layers, rows, quarter)) for rows in DECODE_ROWS]
+    rates = []
+    for rows in DECODE_ROWS:
+        if turns is not None:
+            turns.together()
+        rates.append((rows, _slope(layers, rows, quarter)))
+    alone: list[tuple[int, float]] = []
+    if turns is not None:
+        alone = turns.each_alone(lambda: [(n, _slope(layers, n, quarter)) for n in DECODE_ROWS])
     # a prefill's many rows: two layers' weights against one are enough arithmetic to time
     one = len(_layer_shapes(shape))
     two = sum(rows * columns for rows, columns in _layer_shapes(shape)) * 4 + 1
     prefill = _Weights(_layer_shapes(shape), shape, dtype, two, floor_ms=floor)  # two layers
     rate = _slope(prefill, PREFILL_ROWS, one)
     rates.append((PREFILL_ROWS, rate))
+    if alone:  # a pipeline's streamed prefill runs its stages at once
+        alone.append((PREFILL_ROWS, rate))
     params_per_byte = layers.params / layers.nbytes
     # the head as the rank runs it, one matrix the vocabulary's width (as far as the budget
     # goes; four quarters read 25-43% slower at 8 rows than the whole: 8.8 against 7.0 ms,
@@ -326,6 +352,7 @@ def probe_machine(
         memory_bytes=local_memory_bytes(),
         cores=usable_cores(),
         rates=tuple(rates),
+        alone_rates=tuple(alone),
         head_rates=tuple(head_rates),
         flops_per_ms=2 * PREFILL_ROWS * rate * params_per_byte,
         attention_flops_per_ms=attention_flops,

@@ -42,18 +42,14 @@ from distributed.step_work import PlanWork, RankWork
 # chip's specified bandwidth, and a prefill multiplies at this share of its arithmetic.
 BANDWIDTH_SHARE = 0.8
 FLOPS_SHARE = 0.5
-# Measured here (docs/BENCHMARKS.md, "Figures behind the code"): where a host's ranks
-# outnumber its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's
-# one) waits for the scheduler to run the rank it needs: 1.55-2.15 ms a hop, 1.9 on average,
-# over six runs of 3 ranks of a tensor split on 2 cores at 1 and 8 clients (126 hops a
-# step; a Xeon host, 2026-11-27), the loopback's own cost taken from its table (2.0-2.6
-# there, 3.0-3.8 on the AMD EPYC host, while every guard of a collective woke the watchdog's
-# thread and every step held a disk vote, both gone). A pipeline's hand-overs wait alike.
+# Measured (docs/BENCHMARKS.md, "Figures behind the code"): where a host's ranks outnumber
+# its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's one) waits
+# for the scheduler to run the rank it needs: 1.55-2.15 ms a hop, 1.9 on average, six runs
+# of 3 ranks of a tensor split on 2 cores (126 hops a step; the Xeon host, 2026-11-27).
 CROWDED_HOP_MS = 1.9
-# And a large transfer between such ranks waits a turn again for about every 0.4 MB moved:
-# 3 ranks on 2 cores, 20 all_sums a step between products, three runs (bench/
-# crowded_transfer.py): 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4 / 8.8-10.8 / 15.4-17.8 /
-# 50-53 ms, 8.5 ms a MB moved beyond the hops' turns and the loopback.
+# And a large transfer between such ranks waits a turn again for about every 0.4 MB moved
+# (bench/crowded_transfer.py, 3 ranks on 2 cores: 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4
+# / 8.8-10.8 / 15.4-17.8 / 50-53 ms, 8.5 ms a MB beyond the hops' turns and the loopback).
 CROWDED_MS_PER_MB = 8.5
 # mlx-lm's SwitchGLU sorts a forward's routes by expert from this many (switch_layers.py);
 # below, gather_mm reads each route's expert for it alone.
@@ -69,6 +65,7 @@ class Machine:
     memory_bytes: int = 0
     cores: int = 1
     rates: tuple[tuple[int, float], ...] = ()
+    alone_rates: tuple[tuple[int, float], ...] = ()  # the others waiting: a pipeline stage's
     head_rates: tuple[tuple[int, float], ...] = ()  # the output head's (its own layout)
     flops_per_ms: float = 0.0  # the products' arithmetic at a prefill's rows
     attention_flops_per_ms: float = 0.0  # attention's arithmetic over a prefill chunk
@@ -279,6 +276,8 @@ def predict(
     routed = _routed(work, rows)
     segments: list[tuple[float, float, float]] = []
     for r, machine in zip(work.ranks, speed.machines, strict=True):
+        if work.strategy == "pipeline" and machine.alone_rates:
+            machine = replace(machine, rates=machine.alone_rates)
         crowd = 1.0 if speed.rates_shared else speed.crowd(r.rank)
         attention, rest, head = _rank_segments(
             work, r, machine, rows, head_rows, routed[r.rank], context, seqs

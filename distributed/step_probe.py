@@ -2,7 +2,9 @@
 ranks (distributed/step_model.py), in about a second (a few where a CPU's cache is large).
 
 - The machine: each rank's rates (distributed/machine_probe.py). The ranks probe at once,
-  so ranks sharing a host's cores measure the rate they will get together.
+  so ranks sharing a host's cores measure the rate they will get together; they probe
+  each decode row count after a barrier, and then each alone in turn (a pipeline's
+  stage's rates).
 - The link: the ranks time all_sums of a step's sizes (the 4 KiB step plan, the hidden
   state of 1, 8, 16 and PREFILL_ROWS rows, and of BULK_ROWS, a prefill chunk's) before
   the machine's probe and again after it, and fit a fixed cost plus a cost per byte to
@@ -180,6 +182,25 @@ def steadier(first: Link, second: Link) -> Link:
     return first if cost(first) <= cost(second) else second
 
 
+class GroupTurns:
+    """machine_probe.Turns over a group's ranks: an all_sum as the barrier."""
+
+    def __init__(self, group: mx.distributed.Group) -> None:
+        self.group = group
+
+    def together(self) -> None:
+        mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=self.group))
+
+    def each_alone(self, run: Any) -> Any:
+        mine = None
+        for turn in range(self.group.size()):
+            self.together()
+            if turn == self.group.rank():
+                mine = run()
+        self.together()
+        return mine
+
+
 def measure_speed(
     group: mx.distributed.Group,
     shape: ModelShape,
@@ -189,15 +210,18 @@ def measure_speed(
 ) -> Speed:
     """Every rank's machine and the link, measured now (a collective: all ranks call it)."""
     if group.size() > 1:  # start together: ranks sharing cores then measure what they share
-        mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
+        GroupTurns(group).together()
     ranks = group.size()
+    # ranks sharing a host's cores: its decode rates probed at once and each alone
+    turns = GroupTurns(group) if len({h.host for h in hosts}) < len(hosts) else None
     crowding = crowding_of(hosts)
     # Ranks outnumbering one host's cores would time the scheduler's turns, which the
     # model adds apart (crowded_link): no link probe there.
     crowded = max(crowding) > 1.0 and len({h.host for h in hosts}) == 1
     probed = ranks > 1 and not crowded
     first = probe_link(group, shape, activation_bytes) if probed else None
-    machine = probe_machine(shape, activation_bytes, crowded=crowding[group.rank()] > 1.0)
+    crowd = crowding[group.rank()] > 1.0
+    machine = probe_machine(shape, activation_bytes, crowded=crowd, turns=turns)
     link = None
     if first is not None:  # once more, a second later, and each size's cheaper time kept
         again = probe_link(group, shape, activation_bytes)

@@ -272,3 +272,25 @@ def test_a_rank_pays_the_overhead_fitted_on_its_cpu_and_the_record_keeps_the_cpu
         assert predict(work, speed, 8).overhead_ms == pytest.approx(kinds.compiled.ms(30, 8))
         assert machine_from_record(machine_record(machine)).cpu == cpu
     assert EPYC.compiled.ms(30, 1) < 0.7 * XEON.compiled.ms(30, 1)
+
+
+def test_a_pipelines_stage_computes_at_its_alone_rate_and_a_tensor_split_at_once() -> None:
+    """Ranks sharing a host probe each decode row count at once and then each alone: a
+    pipeline's stages compute in turn (the alone rates), a tensor split's ranks together
+    (the at-once rates); the alone rates travel in the record and merge per host."""
+    from distributed.speed_records import machine_from_record, machine_record, per_host
+
+    together = replace(flat(1e7), overhead=CPU_OVERHEAD)
+    both = replace(together, alone_rates=((1, 2e7), (16, 2e7)))
+    pipe = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
+    tensor = plan_work(make_plan(SMOL, 2, None, "tensor"), 4)
+    for work, faster in ((pipe, True), (tensor, False)):
+        slow, quick = (predict(work, Speed((m, m), LINK), 1).compute_ms for m in (together, both))
+        assert (quick < 0.75 * slow) if faster else (quick == slow)
+    record = machine_record(both)
+    assert machine_from_record(record).alone_rates == both.alone_rates
+    host = RankHost(host="here", cores=2, memory_bytes=2**34)
+    other = dict(record, alone_rates=[[1, 4e7], [16, 4e7]])
+    merged = per_host([{"machine": record}, {"machine": other}], [host, host])
+    assert dict(merged[0].alone_rates)[1] == pytest.approx(3e7)
+    assert machine_from_record({**record, "alone_rates": []}).alone_rates == ()
