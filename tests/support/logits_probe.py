@@ -15,6 +15,7 @@ For each case, rank 0 writes OUT_DIR/<name>.npz with:
                  and merged into batch caches (as the engine does)
   long_logits    last-position logits of the prompt repeated to LONG_PROMPT tokens (a
                  pipeline streams it through its stages in pieces), then of 4 greedy steps
+  long_padded_logits  the long prompt and its first 400 tokens, left-padded in batch caches
 Every rank writes OUT_DIR/<name>.rank<r>.json with its plan line, its weight bytes (held
 and predicted from the headers) and its KV bytes per token (measured and predicted).
 A single process (world 1) ignores the cases' parallelism and weights: it is the reference.
@@ -144,6 +145,12 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
         token = _agree(mx.argmax(logits, axis=-1).astype(mx.int32), group)
         logits = _last(model, token[:, None], long_cache)
         long_logits.append(logits)
+    # the same long prompt and its first 400 tokens, left-padded in batch caches
+    long_rows = [repeated, repeated[:400]]
+    long_batch = merged([make_prompt_cache(model) for _ in long_rows])
+    left_pad(long_batch, [0, LONG_PROMPT - 400])
+    padded_long = mx.array([long_rows[0], [0] * (LONG_PROMPT - 400) + long_rows[1]])
+    long_padded_logits = _last(model, padded_long, long_batch)
 
     info["load_s"] = round(loaded - started, 2)
     info["run_s"] = round(time.perf_counter() - loaded, 2)
@@ -157,6 +164,7 @@ def run_case(case: dict, spec: dict, group, out: Path) -> None:
             padded_logits=np.array(padded_logits),
             batch_logits=np.array(mx.stack(batch_logits)),
             long_logits=np.array(mx.stack(long_logits)),
+            long_padded_logits=np.array(long_padded_logits),
         )
 
 
