@@ -10,6 +10,7 @@ restart is a benchmark figure (bench/prefix_restart.py), not asserted here.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -65,13 +66,25 @@ def conversation(model, tmp_path_factory) -> tuple[Path, str, list[int]]:
     return workdir, follow, reference
 
 
+def log_with(cluster: Cluster, text: str, seconds: float = 10.0) -> str:
+    """The log's tail once it holds `text`, or after `seconds`: a rank's lines reach
+    server.log through mlx.launch a moment after the answer they came with (one CI run read
+    the tail before rank 1's "fails its checksum" and rank 0's request line had arrived)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        log = cluster.log_tail(80)
+        if text in log or time.monotonic() > deadline:
+            return log
+        time.sleep(0.1)
+
+
 def test_the_next_turn_after_a_restart_prefills_only_what_is_new(model, conversation) -> None:
     workdir, follow, reference = conversation
     parts = sorted(p.parent.name for p in (workdir / "prefix-cache").glob("*/rank-*/*.safetensors"))
     assert parts == ["rank-0", "rank-1"], parts  # each rank saved its own part
     with Cluster(model, ranks=2, env=ENV, workdir=workdir) as cluster:
         tokens, done = ask(cluster, "turn-2", follow)
-        log = cluster.log_tail(80)
+        log = log_with(cluster, "prefix cache on disk: 1 entries")
         stats = cluster.status().prefix_cache
     assert tokens == reference
     assert cached(done) >= len(TURN), (cached(done), done.usage.prompt_tokens)
@@ -87,7 +100,7 @@ def test_a_damaged_part_on_one_rank_is_computed_instead(model, conversation) -> 
         part.write_bytes(bytes(data))
     with Cluster(model, ranks=2, env=ENV, workdir=workdir) as cluster:
         tokens, done = ask(cluster, "turn-2", follow)
-        log = cluster.log_tail(80)
+        log = log_with(cluster, "fails its checksum")
         stats = cluster.status().prefix_cache
     assert tokens == reference
     assert cached(done) == 0  # rank 1 refused its part: no rank used the entry
