@@ -34,7 +34,8 @@ from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt
 from distributed.families import registered
 from distributed.head_positions import tail
 from distributed.plan import Plan
-from distributed.prefill_pieces import piece_bounds, prefill_pieces
+from distributed.prefill_pieces import prefill_pieces
+from distributed.shares import split
 from distributed.watchdog import EvalGuard, guarded_eval
 
 
@@ -120,7 +121,7 @@ class PipelineStage(nn.Module):
         # A long prefill streams through the stages in pieces (distributed/prefill_pieces.py);
         # every rank cuts the same pieces from the same shape.
         pieces = prefill_pieces(length, self.world) if positions == 1 else 1
-        for start, end in piece_bounds(length, pieces):
+        for start, end in split(length, [1.0] * pieces):  # as even as the tokens allow
             h = self._stage(inputs[:, start:end], cache)
             if end < length:  # an earlier piece: passed on (or, last, computed) now, so
                 self._pass_on(h)  # this stage takes the next while the next stage takes it

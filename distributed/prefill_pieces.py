@@ -28,17 +28,6 @@ def prefill_pieces(tokens: int, stages: int) -> int:
     return max(1, min(PIECES_PER_STAGE * stages, tokens // MIN_PIECE))
 
 
-def piece_bounds(tokens: int, pieces: int) -> list[tuple[int, int]]:
-    """(start, end) of each piece, as even as the tokens allow, the longer ones first."""
-    size, extra = divmod(tokens, pieces)
-    bounds, start = [], 0
-    for i in range(pieces):
-        end = start + size + (1 if i < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
 def streamed_ms(stage_ms: list[float], pieces: int) -> float:
     """A forward's time when each stage takes `stage_ms` for the whole chunk and the chunk
     streams in `pieces` pieces: the first piece through every stage, then the slowest

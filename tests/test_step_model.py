@@ -19,7 +19,8 @@ from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
 from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, measure_split, splits
-from distributed.prefill_pieces import MIN_PIECE, piece_bounds, prefill_pieces, streamed_ms
+from distributed.prefill_pieces import MIN_PIECE, prefill_pieces, streamed_ms
+from distributed.shares import split
 from distributed.step_model import (
     SORTED_ROUTES,
     ClusterModel,
@@ -336,7 +337,7 @@ def test_a_pipelines_long_prefill_streams_through_its_stages_in_pieces() -> None
     stages = list(long.parts.values())
     assert long.compute_ms == pytest.approx(streamed_ms(stages, 8))
     assert max(stages) < long.compute_ms < 0.6 * sum(stages)  # (8 + 1) / 8 of one stage
-    assert [end - start for start, end in piece_bounds(10, 4)] == [3, 3, 2, 2]
+    assert [end - start for start, end in split(10, [1.0] * 4)] == [3, 3, 2, 2]  # the pieces
 
 
 def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:
