@@ -1,5 +1,6 @@
 """What an all_sum costs between a step's products where ranks outnumber the cores: the
-figures behind the step-time model's CROWDED_HOP_MS and CROWDED_MS_PER_MB.
+figures behind the step-time model's crowded hop (distributed/step_overhead.py `CpuKinds`)
+and CROWDED_MS_PER_MB.
 
     eval "$(.venv/bin/python -m launcher.command blas-env)"
     flock /tmp/mlxring-cpu.lock .venv/bin/python -m bench.crowded_transfer [--ranks 3]

@@ -11,7 +11,7 @@
 - collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Where ranks outnumber their host's cores, each hop of a
-  collective also waits for the scheduler to run the rank it needs (CROWDED_HOP_MS), and
+  collective also waits for the scheduler to run the rank it needs (by the CPU), and
   a large one again as its bytes pass (CROWDED_MS_PER_MB).
 - overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
   and on a CPU by the CPU, the cores a rank has while it computes and whether its step is
@@ -35,18 +35,13 @@ import numpy as np
 from distributed.chips import Chip, Link
 from distributed.expert_load import busiest_share
 from distributed.prefill_pieces import prefill_pieces, streamed_ms
-from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD, Overhead, cpu_overhead
+from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD, Overhead, cpu_kinds, cpu_overhead
 from distributed.step_work import PlanWork, RankWork
 
 # ASSUMED for Apple GPUs (no Mac runs here): MLX's decode reads weights at this share of the
 # chip's specified bandwidth, and a prefill multiplies at this share of its arithmetic.
 BANDWIDTH_SHARE = 0.8
 FLOPS_SHARE = 0.5
-# Measured (docs/BENCHMARKS.md, "Figures behind the code"): where a host's ranks outnumber
-# its cores, each hop of a collective (a ring all_sum's ranks - 1, a hand-over's one) waits
-# for the scheduler to run the rank it needs: 1.55-2.15 ms a hop, 1.9 on average, six runs
-# of 3 ranks of a tensor split on 2 cores (126 hops a step; the Xeon host, 2026-11-27).
-CROWDED_HOP_MS = 1.9
 # And a large transfer between such ranks waits a turn again for about every 0.4 MB moved
 # (bench/crowded_transfer.py, 3 ranks on 2 cores: 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4
 # / 8.8-10.8 / 15.4-17.8 / 50-53 ms, 8.5 ms a MB beyond the hops' turns and the loopback).
@@ -309,12 +304,13 @@ def predict(
         compute, overhead = max(computes), max(overheads)
     talk, count = 0.0, 0
     crowded = max(speed.crowding or (1.0,)) > 1.0
+    hop_ms = cpu_kinds(speed.machines[0].cpu).crowded_hop_ms
     for c in work.collectives:
         nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)
         each = speed.link.ms(c.kind, nbytes, work.world)
         if crowded:
             hops, moved = speed.link.traffic(c.kind, nbytes, work.world)
-            each += CROWDED_HOP_MS * hops + CROWDED_MS_PER_MB * moved / 1e6
+            each += hop_ms * hops + CROWDED_MS_PER_MB * moved / 1e6
         talk += c.count * each
         count += c.count
     return StepTime(

@@ -89,12 +89,15 @@ EPYC_EAGER_ONE_CORE_OVERHEAD = Overhead(
 @dataclass(frozen=True)
 class CpuKinds:
     """One CPU's four overheads: with cores to spare or one core while a rank computes,
-    its step compiled or eager."""
+    its step compiled or eager; and where a host's ranks outnumber its cores, what each
+    hop of a collective (a ring all_sum's ranks - 1, a hand-over's one) waits for the
+    scheduler to run the rank it needs."""
 
     compiled: Overhead
     one_core: Overhead
     eager: Overhead
     eager_one_core: Overhead
+    crowded_hop_ms: float
 
     def of(self, one_core: bool, eager: bool) -> Overhead:
         if one_core:
@@ -102,21 +105,33 @@ class CpuKinds:
         return self.eager if eager else self.compiled
 
 
+# A crowded hop's wait on the Xeon: 1.55-2.15 ms, 1.9 on average, over six runs of 3 ranks
+# of a tensor split on 2 cores (126 hops a step, 2026-11-27; docs/BENCHMARKS.md).
 XEON = CpuKinds(
-    CPU_OVERHEAD, CPU_ONE_CORE_OVERHEAD, CPU_EAGER_OVERHEAD, CPU_EAGER_ONE_CORE_OVERHEAD
+    CPU_OVERHEAD, CPU_ONE_CORE_OVERHEAD, CPU_EAGER_OVERHEAD, CPU_EAGER_ONE_CORE_OVERHEAD, 1.9
 )
+# On the AMD EPYC, 2.8 fitted alike (two such runs, 2026-11-29: 1 / 8 clients -24% / -29%
+# with 1.9, +5% / -5% with this; two more runs after the fit +7% / -5%, were -22% / -29%).
+# bench/crowded_transfer.py's 3-rank all_sum of 0.02 MB (two hops) took 4.8-6.5 ms here,
+# 5.1-6.4 on the Xeon: the scheduler's turn is alike, the Xeon's larger overheads took
+# more of its steps' time.
 EPYC = CpuKinds(
-    EPYC_OVERHEAD, EPYC_ONE_CORE_OVERHEAD, EPYC_EAGER_OVERHEAD, EPYC_EAGER_ONE_CORE_OVERHEAD
+    EPYC_OVERHEAD, EPYC_ONE_CORE_OVERHEAD, EPYC_EAGER_OVERHEAD, EPYC_EAGER_ONE_CORE_OVERHEAD, 2.8
 )
 # By the name MLX gives the CPU (mx.device_info()'s device_name, recorded at start); a CPU
 # not fitted takes the Xeon's kinds, the host most of the step-time table was measured on.
 CPUS = {"AMD EPYC": EPYC}
 
 
+def cpu_kinds(cpu: str = "") -> CpuKinds:
+    """The figures fitted on this CPU (MLX's name for it), or the Xeon's."""
+    return CPUS.get(cpu, XEON)
+
+
 def cpu_overhead(one_core: bool, eager: bool, cpu: str = "") -> Overhead:
     """A CPU rank's overhead: on this CPU, with one core or less while it computes, and
     uncompiled."""
-    return CPUS.get(cpu, XEON).of(one_core, eager)
+    return cpu_kinds(cpu).of(one_core, eager)
 
 
 # ASSUMED for Apple GPUs: MLX dispatches a layer's 20-40 kernels at ~5 us each while the

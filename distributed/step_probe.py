@@ -255,7 +255,7 @@ def crowded_link(ranks: int, cores: int) -> Link:
     """The link of ranks that outnumber their one host's cores. Timed at start it gave the
     scheduler's turns (1.0-4.0 ms a hop over nine starts of 3 ranks on 2 cores, the steps'
     waits 3.0-3.8 ms a hop), not the loopback, so its table figure stands and the step-time
-    model adds each hop's wait (CROWDED_HOP_MS)."""
+    model adds each hop's wait (distributed/step_overhead.py `CpuKinds`)."""
     local = link_named("ring-local")
     log.info(
         "link: %d ranks on %d cores of one host would time the scheduler's turns; the"

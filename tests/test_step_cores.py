@@ -18,8 +18,8 @@ from distributed.chips import Link, link_named
 from distributed.hosts import RankHost, largest_cache_bytes
 from distributed.plan import make_plan
 from distributed.speed_records import crowding_of
-from distributed.step_model import CROWDED_HOP_MS, CROWDED_MS_PER_MB, Speed, predict
-from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, cpu_overhead
+from distributed.step_model import CROWDED_MS_PER_MB, Speed, predict
+from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, EPYC, XEON, cpu_overhead
 from distributed.step_probe import LinkTimes, crowded_link, steadier
 from distributed.step_work import PlanWork, plan_work
 from tests.support.family_configs import CONFIGS
@@ -31,6 +31,7 @@ def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> No
     scheduler, whatever the split, and a large transfer waits again as its bytes pass."""
     work = plan_work(make_plan(SMOL, 3, None, "tensor"), 4)
     crowding = (1.5,) * 3
+    hop = XEON.crowded_hop_ms  # a CPU not fitted waits the Xeon's hop
 
     def extra(plan: PlanWork, prefill: int = 0) -> float:
         """Its collectives' ms crowded, less the same uncrowded."""
@@ -45,16 +46,14 @@ def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> No
     moved = sum(  # a ring all_sum moves 2 (n - 1) / n of its bytes, a gather n - 1 times
         c.count * c.nbytes(1) * (4 / 3 if c.kind == "all_sum" else 2) for c in work.collectives
     )
-    assert extra(work) == pytest.approx(
-        count * 2 * CROWDED_HOP_MS + CROWDED_MS_PER_MB * moved / 1e6
-    )
+    assert extra(work) == pytest.approx(count * 2 * hop + CROWDED_MS_PER_MB * moved / 1e6)
     # a prefill chunk's activations: the bytes' turns outweigh the hops'
     chunk = sum(c.count * c.nbytes(1440) * 4 / 3 for c in work.collectives if c.kind == "all_sum")
     chunk += sum(c.count * c.nbytes(1) * 2 for c in work.collectives if c.kind == "all_gather")
     assert extra(work, prefill=1440) == pytest.approx(
-        count * 2 * CROWDED_HOP_MS + CROWDED_MS_PER_MB * chunk / 1e6
+        count * 2 * hop + CROWDED_MS_PER_MB * chunk / 1e6
     )
-    assert CROWDED_MS_PER_MB * chunk / 1e6 > count * 2 * CROWDED_HOP_MS
+    assert CROWDED_MS_PER_MB * chunk / 1e6 > count * 2 * hop
     alone = predict(work, Speed((flat(),) * 3, LINK), 1)
     crowded = predict(work, Speed((flat(),) * 3, LINK, crowding=crowding), 1)
     assert crowded.compute_ms == pytest.approx(1.5 * alone.compute_ms)
@@ -68,7 +67,15 @@ def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> No
     sent = sum(
         c.count * c.nbytes(1) * (4 / 3 if c.kind == "all_sum" else 1) for c in pipe.collectives
     )
-    assert extra(pipe) == pytest.approx(5 * CROWDED_HOP_MS + CROWDED_MS_PER_MB * sent / 1e6)
+    assert extra(pipe) == pytest.approx(5 * hop + CROWDED_MS_PER_MB * sent / 1e6)
+    # each CPU its own wait: the AMD EPYC's machines wait its hop
+    epyc = replace(flat(), cpu="AMD EPYC")
+    on_epyc = predict(pipe, Speed((epyc,) * 3, LINK, crowding=crowding), 1).collective_ms
+    uncrowded = predict(pipe, Speed((epyc,) * 3, LINK), 1).collective_ms
+    assert EPYC.crowded_hop_ms != XEON.crowded_hop_ms
+    assert on_epyc - uncrowded == pytest.approx(
+        5 * EPYC.crowded_hop_ms + CROWDED_MS_PER_MB * sent / 1e6
+    )
     # ranks on hosts of their own: nobody waits
     apart = predict(work, Speed((flat(),) * 3, LINK, crowding=(0.5,) * 3), 1)
     assert apart.collective_ms == pytest.approx(alone.collective_ms)
