@@ -19,11 +19,17 @@ head.
 Each call evaluates its own sends and receives before it returns. Ranks run different
 graphs, and a point-to-point stream carries no message boundaries: if a caller queued
 several lazy calls (a decode step and prefill chunks) and evaluated them together, the
-receives could run in another order than the sends and read each other's bytes.
+receives could run in another order than the sends and read each other's bytes. One
+exception keeps that order: within `results_later()` (a step of the engine) rank 0 takes
+a forward's result back from the last stage only before its next send or at the scope's
+end, so it computes a prompt chunk's first layers while the later stages finish the
+answers' decode, where it waited idle before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import mlx.core as mx
@@ -78,6 +84,27 @@ class PipelineStage(nn.Module):
             self.lm_head = model.lm_head
         # Optional `guard(what)` context manager (a collective watchdog) around each wait.
         self.eval_guard: EvalGuard | None = None
+        self._later = False  # within results_later()
+        self._pending: list[mx.array] = []  # rank 0's results not yet taken back, in order
+
+    @contextmanager
+    def results_later(self) -> Iterator[None]:
+        """Within: rank 0 takes each forward's result back from the last stage when it
+        must (before its next send, at the end), not at the end of the call."""
+        self._later = True
+        try:
+            yield
+        except BaseException:
+            self._pending = []  # a failed step: nothing of it is read again
+            raise
+        finally:
+            self._later = False
+        self._take_back()
+
+    def _take_back(self) -> None:
+        for result in self._pending:
+            self._eval(result, "pipeline receive from the last stage")
+        self._pending = []
 
     def make_cache(self) -> list[Any]:
         """One cache per local layer (a rotating one for sliding-window layers; for a family
@@ -140,6 +167,9 @@ class PipelineStage(nn.Module):
         if self.last:
             self._eval(h, "pipeline piece")
             return
+        if self._pending:  # this stage's layers first, while the last stage ends its forward
+            self._eval(h, "pipeline stage")
+            self._take_back()  # then its result, before this stream's next bytes
         sent = mx.distributed.send(h.astype(self.hidden_dtype), self.rank + 1, group=self.group)
         self._eval(sent, "pipeline send")
 
@@ -159,7 +189,10 @@ class PipelineStage(nn.Module):
         shape = (batch, positions, width)
         back = mx.distributed.recv(shape, mx.float32, self.world - 1, group=self.group)
         logits = self._head(back.astype(self.hidden_dtype)) if self.tied else back
-        self._eval(logits, "pipeline receive from the last stage")
+        if self._later:
+            self._pending.append(logits)
+        else:
+            self._eval(logits, "pipeline receive from the last stage")
         return logits
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, QuantizedKVCache, dynamic_roll
 
 from engine.quantized_kv import BatchQuantizedKVCache
@@ -74,3 +75,9 @@ def roll_back(layers: Sequence[Any], drops: list[int]) -> None:
             layer.offset = layer.offset - shifts
         if least:
             layer.trim(least)
+
+
+def cache_arrays(cache: list) -> list[mx.array]:
+    """Every array a sequence's caches hold (keys and values, recurrent state, indexers)."""
+    arrays: list[tuple[str, object]] = tree_flatten([layer.state for layer in cache])  # type: ignore[assignment]
+    return [array for _, array in arrays if isinstance(array, mx.array)]

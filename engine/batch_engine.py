@@ -15,16 +15,15 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from distributed.head_positions import computing
 from distributed.watchdog import EvalGuard
-from engine.batch_caches import left_pad, merged, roll_back
+from engine.batch_caches import cache_arrays, left_pad, merged, roll_back
 from engine.batch_sampler import Sampled, sample
 from engine.compiled_decode import CompiledDecode
 from engine.forward_order import ForwardOrder
 from engine.memory_report import MemoryReport
-from engine.prefill_group import Prefill, fresh_group
+from engine.prefill_group import LAST_TOKEN_ALONE, Finished, Prefill, fresh_group
 from engine.prefix_store import PrefixStore
 from engine.quantized_kv import make_caches
 from engine.step_plan import (
@@ -38,19 +37,6 @@ from engine.step_plan import (
 
 PHASE_PREFILL = 0
 PHASE_DECODE = 1
-# A prompt's last chunk longer than this fills the cache with all but its last token, then
-# runs that token alone for the logits: MLX computes only what is read, so the last layer's
-# attention and MLP for the chunk's other rows are never computed (as in mlx-lm's own
-# prefill). A long agent prompt's first token came several times later than mlx_lm.server's
-# when its whole last chunk went through one forward (docs/BENCHMARKS.md, "Figures behind
-# the code").
-LAST_TOKEN_ALONE = 32
-
-
-def _cache_arrays(cache: list) -> list[mx.array]:
-    """Every array a sequence's caches hold (keys and values, recurrent state, indexers)."""
-    arrays: list[tuple[str, object]] = tree_flatten([layer.state for layer in cache])  # type: ignore[assignment]
-    return [array for _, array in arrays if isinstance(array, mx.array)]
 
 
 class PlanMismatchError(Exception):
@@ -66,7 +52,7 @@ class PendingStep:
     logits: mx.array | None
     sampled: Sampled | None
     prefill_tokens: int
-    finished: list[tuple[list[Prefill], mx.array, list | None]]
+    finished: list[Finished]
     arrays: list[mx.array]
     widths: list[int]
     eager: bool  # its decode forward ran eagerly (not compiled)
@@ -119,7 +105,10 @@ class BatchEngine:
         self.prefilling: list[Prefill] = []
         self.prefix = prefix or PrefixStore()
         self.memory = MemoryReport()
-        self._order = ForwardOrder()
+        # A model whose calls evaluate their own collectives in order (a pipeline's stages)
+        # may hand results back later in a step; its forwards need no links.
+        self._results_later = getattr(model, "results_later", nullcontext)
+        self._order = ForwardOrder(linked=not hasattr(model, "results_later"))
 
     # ---- bookkeeping -------------------------------------------------------------
 
@@ -242,73 +231,17 @@ class BatchEngine:
     def start(self, sampling: Sampling | None = None) -> PendingStep:
         """Build the step's graph (decode, prefill chunks, and with `sampling` the sampled
         tokens) and start computing it; the caller may work meanwhile, then `wait()`."""
-        rows: list[mx.array] = []
         seq_ids = list(self.decode_ids)
-        widths = [1] * len(seq_ids)
         self._order.start_step()
-        if self._decode_cache is not None and self._drafts:
-            width = step_width(self._drafts)
-            rows.append(self._verify(width))
-            widths = [width] * len(seq_ids)
-            self.decode_lengths = [n + width for n in self.decode_lengths]
-        elif self._decode_cache is not None:
-            inputs = mx.array(self._next_tokens, dtype=mx.uint32)[:, None]
-            logits = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
-            rows.append(logits if logits is not None else self._forward(inputs, self._decode_cache))
-            self.decode_lengths = [n + 1 for n in self.decode_lengths]
-        self._order.ran(rows[-1:])
-        budget, prefill_tokens, self.last_prefill = self.prefill_budget, 0, []
-        # (entries, logits of their last positions, their batch cache or None)
-        finished: list[tuple[list[Prefill], mx.array, list | None]] = []
-        stored: list[mx.array] = []  # prompts kept as prefix entries this step
-        # A burst of short prompts arriving while no answer runs prefills in one batched
-        # forward, whatever its total (8 clients at once each waited for its share of three
-        # steps before); beside answers, the budget keeps their next tokens from waiting.
-        group = fresh_group(
-            self.prefilling,
-            self.prefill_chunk_size,
-            budget if self._decode_cache is not None else None,
-        )
-        if len(group) > 1:
-            logits, cache = self._prefill_together(group)
-            finished.append((group, logits, cache))
-            width = max(len(e.tokens) for e in group)
-            budget -= len(group) * width
-            self.last_prefill.append((max(e.prefix_len for e in group), len(group) * width))
-            prefill_tokens += sum(len(e.tokens) for e in group)
-        for entry in self.prefilling:
-            if budget <= 0:
-                break
-            if len(group) > 1 and entry in group:
-                continue
-            if not entry.cache:
-                entry.cache = make_caches(self.model, self.prefix.bits)
-            end = min(len(entry.tokens), entry.position + budget)
-            chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
-            if end == len(entry.tokens) and chunk.shape[1] > LAST_TOKEN_ALONE:
-                self.model(self._order.next(chunk[:, :-1]), cache=entry.cache)  # read: cache
-                self._order.ran(_cache_arrays(entry.cache))
-                chunk = chunk[:, -1:]
-            logits = self._forward(chunk, entry.cache)
-            self.last_prefill.append((entry.length, end - entry.position))
-            budget -= end - entry.position
-            prefill_tokens += end - entry.position
-            entry.position = end
-            if end == len(entry.tokens):
-                finished.append(([entry], logits, None))
-                if entry.store_as:
-                    stored += self.prefix.put(entry.store_as, entry.cache, entry.length)
-            else:
-                # Evaluate per chunk so the lazy graph of a long prompt stays small.
-                self._eval(self._order.ran(_cache_arrays(entry.cache)))
+        with self._results_later():  # a pipeline's stage 0 works while the last stage ends
+            rows, widths = self._decode()
+            prefill_tokens, finished, stored = self._prefill()
         pending = []
         for entries, last, shared in finished:
             rows.append(last)
             seq_ids += [e.seq_id for e in entries]
             widths += [1] * len(entries)
-            pending += _cache_arrays(shared if shared is not None else entries[0].cache)
-        if len(group) > 1:
-            stored += self._store_group(group, finished[0][2])
+            pending += cache_arrays(shared if shared is not None else entries[0].cache)
         output = mx.concatenate(rows, axis=0) if rows else None
         sampled = None
         arrays: list[mx.array] = []
@@ -329,6 +262,73 @@ class BatchEngine:
         return PendingStep(
             self, seq_ids, output, sampled, prefill_tokens, finished, arrays, widths, eager
         )
+
+    def _decode(self) -> tuple[list[mx.array], list[int]]:
+        """The decoding rows' forward (a speculative step's verify; compiled where it
+        applies): its logits, none without a decode batch, and each row's positions."""
+        if self._decode_cache is None:
+            return [], []
+        if self._drafts:
+            width = step_width(self._drafts)
+            logits = self._verify(width)
+        else:
+            width = 1
+            inputs = mx.array(self._next_tokens, dtype=mx.uint32)[:, None]
+            compiled = self.compiled.step(inputs, self._decode_cache) if self.compiled else None
+            logits = compiled if compiled is not None else self._forward(inputs, self._decode_cache)
+        self.decode_lengths = [n + width for n in self.decode_lengths]
+        self._order.ran([logits])
+        return [logits], [width] * len(self.decode_ids)
+
+    def _prefill(self) -> tuple[int, list[Finished], list[mx.array]]:
+        """The step's prompt chunks within the plan's budget: the tokens prefilled, the
+        prompts finished (with their last positions' logits and their batch cache or None)
+        and the prefix entries they store."""
+        budget, prefill_tokens, self.last_prefill = self.prefill_budget, 0, []
+        finished: list[Finished] = []
+        stored: list[mx.array] = []  # prompts kept as prefix entries this step
+        # A burst of short prompts arriving while no answer runs prefills in one batched
+        # forward, whatever its total (8 clients at once each waited for its share of three
+        # steps before); beside answers, the budget keeps their next tokens from waiting.
+        group = fresh_group(
+            self.prefilling,
+            self.prefill_chunk_size,
+            budget if self._decode_cache is not None else None,
+        )
+        if len(group) > 1:
+            logits, cache = self._prefill_together(group)
+            finished.append((group, logits, cache))
+            width = max(len(e.tokens) for e in group)
+            budget -= len(group) * width
+            self.last_prefill.append((max(e.prefix_len for e in group), len(group) * width))
+            prefill_tokens += sum(len(e.tokens) for e in group)
+            stored += self._store_group(group, cache)
+        for entry in self.prefilling:
+            if budget <= 0:
+                break
+            if len(group) > 1 and entry in group:
+                continue
+            if not entry.cache:
+                entry.cache = make_caches(self.model, self.prefix.bits)
+            end = min(len(entry.tokens), entry.position + budget)
+            chunk = mx.array(entry.tokens[entry.position : end], dtype=mx.uint32)[None]
+            if end == len(entry.tokens) and chunk.shape[1] > LAST_TOKEN_ALONE:
+                self.model(self._order.next(chunk[:, :-1]), cache=entry.cache)  # read: cache
+                self._order.ran(cache_arrays(entry.cache))
+                chunk = chunk[:, -1:]
+            logits = self._forward(chunk, entry.cache)
+            self.last_prefill.append((entry.length, end - entry.position))
+            budget -= end - entry.position
+            prefill_tokens += end - entry.position
+            entry.position = end
+            if end == len(entry.tokens):
+                finished.append(([entry], logits, None))
+                if entry.store_as:
+                    stored += self.prefix.put(entry.store_as, entry.cache, entry.length)
+            else:
+                # Evaluate per chunk so the lazy graph of a long prompt stays small.
+                self._eval(self._order.ran(cache_arrays(entry.cache)))
+        return prefill_tokens, finished, stored
 
     def _verify(self, width: int) -> mx.array:
         """One forward (compiled where it applies) over each decoding row's next token and

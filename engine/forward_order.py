@@ -7,7 +7,8 @@ default model's 6 and 3 heads at 2 ranks) build graphs of different shapes: thei
 all_sums ran in different orders, summed arrays of different forwards, and a 481-token
 prompt's answer, and every answer after it on that start, was gibberish (2026-11-29).
 So each forward's tokens depend (`mx.depends`) on the last arrays of the forward before
-it, and every collective of a step follows the one before it through the data.
+it, and every collective of a step follows the one before it through the data. A model
+whose every call evaluates its own collectives (a pipeline's stage) needs no links.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import mlx.core as mx
 class ForwardOrder:
     """The arrays the step's next forward must run after."""
 
-    def __init__(self) -> None:
+    def __init__(self, linked: bool = True) -> None:
         self._last: list[mx.array] = []
+        self.linked = linked
 
     def start_step(self) -> None:
         """The step's first forward: the step before was evaluated whole."""
@@ -27,7 +29,7 @@ class ForwardOrder:
 
     def next(self, tokens: mx.array) -> mx.array:
         """`tokens` for a forward that runs after every forward before it."""
-        return mx.depends([tokens], self._last)[0] if self._last else tokens
+        return mx.depends([tokens], self._last)[0] if self._last and self.linked else tokens
 
     def ran(self, last: list[mx.array]) -> list[mx.array]:
         """A forward was built: `last`, its arrays computed after all its collectives (the

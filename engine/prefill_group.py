@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+
+# A prompt's last chunk longer than this fills the cache with all but its last token, then
+# runs that token alone for the logits: MLX computes only what is read, so the last layer's
+# attention and MLP for the chunk's other rows are never computed (as in mlx-lm's own
+# prefill). A long agent prompt's first token came several times later than mlx_lm.server's
+# when its whole last chunk went through one forward (docs/BENCHMARKS.md, "Figures behind
+# the code").
+LAST_TOKEN_ALONE = 32
+
 
 @dataclass(eq=False)
 class Prefill:
@@ -46,3 +56,8 @@ def fresh_group(prefilling: list[Prefill], chunk_size: int, budget: int | None) 
         group.append(entry)
         width = wider
     return group
+
+
+# A prompt the step finished: its entries (one, or a batched group), the logits of their last
+# positions, and their batch cache (a group's) or None.
+Finished = tuple[list[Prefill], mx.array, list | None]

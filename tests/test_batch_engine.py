@@ -217,7 +217,7 @@ def test_a_requests_kv_grows_with_its_tokens(model):
     """Nothing reserves the context (MAX_SEQUENCE_LENGTH is rank 0's admission rule only):
     a 7-token request in a batch beside a 40-token one holds caches of a few hundred
     positions (mlx-lm grows them 256 at a time), not of any context length."""
-    from engine.batch_engine import _cache_arrays
+    from engine.batch_caches import cache_arrays
 
     engine = BatchEngine(model, 64)
     engine.apply(
@@ -229,7 +229,7 @@ def test_a_requests_kv_grows_with_its_tokens(model):
     )
     engine.run()
     assert engine.kv_tokens == len(PROMPTS[0]) + len(PROMPTS[1])
-    held = sum(a.nbytes for a in _cache_arrays(engine._decode_cache or []))
+    held = sum(a.nbytes for a in cache_arrays(engine._decode_cache or []))
     layer = model.layers[0].self_attn
     per_position = 2 * layer.n_kv_heads * (layer.k_proj.weight.shape[0] // layer.n_kv_heads) * 4
     assert 0 < held <= 2 * 512 * per_position * len(model.layers)  # 2 rows, < 512 positions

@@ -277,6 +277,18 @@ def test_collective_gap_times_a_tensor_split_with_and_without_its_collectives(
     assert all("without its collectives" in line and "overhead" in line for line in lines)
 
 
+def test_pipeline_overlap_times_each_kind_of_step(tiny_llama: Path) -> None:
+    args = ["--model", str(tiny_llama), "--steps", "3", "--chunk", "8", "--context", "32"]
+    lines = run_bench("pipeline_overlap", *args, timeout=300).strip().splitlines()[-3:]
+    kinds = [line.split(":")[0] for line in lines]
+    assert kinds == [
+        "decode only",
+        "decode + chunk, results back first",
+        "decode + chunk, results later",
+    ], lines
+    assert all(float(line.split(": ")[1].split(" ms")[0]) > 0 for line in lines), lines
+
+
 def test_routing_sync_prices_an_evaluation_after_an_all_sum() -> None:
     out = run_bench("routing_sync", "--ranks", "2", "--steps", "8", timeout=300)
     lines = out.strip().splitlines()

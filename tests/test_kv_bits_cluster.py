@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.batch_engine import LAST_TOKEN_ALONE
+from engine.prefill_group import LAST_TOKEN_ALONE
 from ipc.protocol import Delta, Done, Error, Started
 from launcher.local_cluster import Cluster
 from tests.support.rank_requests import greedy

@@ -16,7 +16,8 @@ from mlx_lm.utils import load_model
 
 from distributed.memory import KV_GROUP_SIZE, element_bytes
 from engine.batch_caches import left_pad, merged, roll_back
-from engine.batch_engine import LAST_TOKEN_ALONE, BatchEngine
+from engine.batch_engine import BatchEngine
+from engine.prefill_group import LAST_TOKEN_ALONE
 from engine.prefix_store import PrefixStore, kv_bytes_per_token
 from engine.quantized_kv import BatchQuantizedKVCache, agreed_bits, make_caches
 from engine.step_plan import Insert, StepPlan, Store

@@ -375,3 +375,8 @@ def test_steps_of_several_forwards_answer_as_one_rank():
         shares = [rank.share for rank in two.status().ranks]
         assert "q heads 0-5 (6)" in shares[0] and "q heads 6-8 (3)" in shares[1]
         assert _answers(two) == expected
+    # As a pipeline, rank 0 takes the answer's logits back only after its layers of the
+    # prompt's chunk (distributed/pipeline.py `results_later`): the same tokens.
+    with Cluster("", ranks=2, env=env | {"PARALLELISM": "pipeline"}, ready_timeout=300) as two:
+        assert "layers 0-" in two.status().ranks[0].share
+        assert _answers(two) == expected
