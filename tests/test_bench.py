@@ -289,6 +289,13 @@ def test_pipeline_overlap_times_each_kind_of_step(tiny_llama: Path) -> None:
     assert all(float(line.split(": ")[1].split(" ms")[0]) > 0 for line in lines), lines
 
 
+def test_route_reads_times_a_decode_steps_routes_against_routes_of_their_own() -> None:
+    args = ["--layers", "2", "--hidden", "64", "--columns", "32", "--passes", "3", "--rounds", "1"]
+    lines = run_bench("route_reads", *args, timeout=120).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("8 rows x 4 of 16 experts, 2 layers"), lines
+    assert "GB/s counting every route" in lines[0] and "0.45 if a repeated route" in lines[0]
+
+
 def test_routing_sync_prices_an_evaluation_after_an_all_sum() -> None:
     out = run_bench("routing_sync", "--ranks", "2", "--steps", "8", timeout=300)
     lines = out.strip().splitlines()
