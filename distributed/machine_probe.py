@@ -24,6 +24,7 @@ from mlx_lm.models.switch_layers import SwitchGLU
 from distributed.chips import this_chip
 from distributed.hosts import largest_cache_bytes, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
+from distributed.route_probe import probe_routes
 from distributed.speed_records import known_chip
 from distributed.step_model import Machine
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
@@ -344,6 +345,8 @@ def probe_machine(
     mx.clear_cache()
     experts = _experts(shape, dtype, budget, floor)
     mx.clear_cache()
+    routes = probe_routes(shape, dtype, budget, lambda run: median_ms(run, REPEATS, floor_ms=floor))
+    mx.clear_cache()
     row_work = 0.0 if gpu else _row_work(shape, dtype, floor)
     mx.clear_cache()
     chip = this_chip()
@@ -358,6 +361,7 @@ def probe_machine(
         attention_flops_per_ms=attention_flops,
         kv_bytes_per_ms=kv_rate,
         expert_flops_per_ms=experts,
+        route_rates=routes,
         row_layer_ms=row_work,
         chip=known_chip(chip),
         overhead=GPU_OVERHEAD if gpu else CPU_OVERHEAD,

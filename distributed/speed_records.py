@@ -35,6 +35,7 @@ def machine_record(machine: Machine) -> dict[str, Any]:
         "rates": [[rows, round(rate, 3)] for rows, rate in machine.rates],
         "alone_rates": [[rows, round(rate, 3)] for rows, rate in machine.alone_rates],
         "head_rates": [[rows, round(rate, 3)] for rows, rate in machine.head_rates],
+        "route_rates": [[rows, round(rate, 3)] for rows, rate in machine.route_rates],
         "flops_per_ms": round(machine.flops_per_ms, 1),
         "attention_flops_per_ms": round(machine.attention_flops_per_ms, 1),
         "kv_bytes_per_ms": round(machine.kv_bytes_per_ms, 1),
@@ -54,6 +55,7 @@ def machine_from_record(record: dict[str, Any]) -> Machine:
         rates=tuple((int(rows), float(rate)) for rows, rate in record["rates"]),
         alone_rates=tuple((int(rows), float(rate)) for rows, rate in record.get("alone_rates", [])),
         head_rates=tuple((int(rows), float(rate)) for rows, rate in record.get("head_rates", [])),
+        route_rates=tuple((int(r), float(rate)) for r, rate in record.get("route_rates", [])),
         flops_per_ms=float(record["flops_per_ms"]),
         attention_flops_per_ms=float(record.get("attention_flops_per_ms", 0.0)),
         kv_bytes_per_ms=float(record.get("kv_bytes_per_ms", 0.0)),
@@ -116,7 +118,7 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
     for host in hosts:
         mine = [r["machine"] for r, h in zip(records, hosts, strict=True) if h.host == host.host]
         merged = dict(mine[0])
-        for key in ("rates", "head_rates", "alone_rates"):
+        for key in ("rates", "head_rates", "alone_rates", "route_rates"):
             merged[key] = [
                 [rows, statistics.median(m[key][i][1] for m in mine)]
                 for i, (rows, _) in enumerate(mine[0].get(key, []))

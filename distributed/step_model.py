@@ -62,6 +62,7 @@ class Machine:
     rates: tuple[tuple[int, float], ...] = ()
     alone_rates: tuple[tuple[int, float], ...] = ()  # the others waiting: a pipeline stage's
     head_rates: tuple[tuple[int, float], ...] = ()  # the output head's (its own layout)
+    route_rates: tuple[tuple[int, float], ...] = ()  # a decode step's unsorted routes'
     flops_per_ms: float = 0.0  # the products' arithmetic at a prefill's rows
     attention_flops_per_ms: float = 0.0  # attention's arithmetic over a prefill chunk
     kv_bytes_per_ms: float = 0.0  # KV a decode step's attention reads
@@ -234,9 +235,11 @@ def _rank_segments(
     routed_ms = 0.0
     if rank.moe_layers and experts:
         tokens_each = max(1, math.ceil(rows * work.experts_per_token * share / experts))
-        one = machine.weights_ms(
-            rank.expert_params * rank.expert_param_bytes, rank.expert_params, tokens_each
-        )
+        nbytes = rank.expert_params * rank.expert_param_bytes
+        one = machine.weights_ms(nbytes, rank.expert_params, tokens_each)
+        if machine.route_rates and rows * work.experts_per_token < SORTED_ROUTES:
+            probed = min(rows, max(n for n, _ in machine.route_rates))  # each route its read
+            one = nbytes * machine.ms_per_byte(probed, machine.route_rates)
         if machine.expert_flops_per_ms and machine.rates:  # a prefill: gather_mm's arithmetic
             one = max(one, 2 * rank.expert_params * tokens_each / machine.expert_flops_per_ms)
         routed_ms = rank.moe_layers * experts * one

@@ -349,3 +349,32 @@ def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:
     prefill = [predict(work, Speed((m,), LINK), 1, prefill=512).ms for m in (plain, slow)]
     assert decode[1] == pytest.approx(decode[0], rel=0.05)  # a token's few experts: bytes
     assert prefill[1] > 2 * prefill[0]  # many tokens an expert: gather_mm's arithmetic
+
+
+def test_a_decode_steps_routes_read_at_the_rate_probed_for_them() -> None:
+    """Where the ranks probed a decode step's routed reads (distributed/route_probe.py),
+    its unsorted routes take that rate, each row count its own; a prefill's sorted ones
+    keep the products' rates. A tiny probe runs as the start's does."""
+    import mlx.core as mx
+
+    from distributed.machine_probe import REPEATS, median_ms
+    from distributed.model_shape import ModelShape
+    from distributed.route_probe import probe_routes
+
+    moe = write_config("qwen3_moe")
+    work = plan_work(make_plan(moe, 1, None), 4)
+    rows = (SORTED_ROUTES - 1) // work.experts_per_token
+    plain = flat(1e7)
+    probed = replace(plain, route_rates=((1, 1e7), (rows, 4e7)))  # shared routes: 4x
+    one, many = [
+        [predict(work, Speed((m,), LINK), n).ms for m in (plain, probed)] for n in (1, rows)
+    ]
+    assert one[1] == pytest.approx(one[0])  # one row's routes at the same rate
+    assert many[1] < many[0]  # the step's shared routes cheaper, as probed
+    prefill = [predict(work, Speed((m,), LINK), 1, prefill=512).ms for m in (plain, probed)]
+    assert prefill[1] == pytest.approx(prefill[0])
+    shape = ModelShape.from_config(moe)
+    rates = probe_routes(shape, mx.float32, 2**21, lambda run: median_ms(run, REPEATS))
+    assert [n for n, _ in rates] == [1, 8] and all(rate > 0 for _, rate in rates)
+    dense = ModelShape.from_config(SMOL)
+    assert probe_routes(dense, mx.float32, 2**21, lambda run: median_ms(run, REPEATS)) == ()
