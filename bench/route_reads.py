@@ -23,8 +23,11 @@ import statistics
 import time
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.switch_layers import SwitchGLU
+
+from distributed.route_probe import draw_routes
 
 
 def _layers(count: int, experts: int, hidden: int, columns: int) -> list[SwitchGLU]:
@@ -53,6 +56,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     mx.random.seed(0)
+    rng = np.random.default_rng(0)
     rows, picks, experts = args.rows, args.picks, args.experts
     shared = _layers(args.layers, experts, args.hidden, args.columns)
     own = _layers(args.layers, rows * picks, args.hidden, args.columns)
@@ -63,8 +67,7 @@ def main() -> None:
     for round_index in range(args.rounds + 1):  # the first round warms up
         times: list[list[float]] = [[], []]
         for _ in range(args.passes):
-            keys = mx.random.uniform(shape=(rows, experts))
-            routed = mx.argpartition(-keys, picks - 1, axis=-1)[:, :picks].astype(mx.uint32)
+            routed = mx.array(draw_routes(rng, rows, experts, picks))
             mx.eval(routed)
             times[0].append(_pass_ms(shared, x, routed))
             times[1].append(_pass_ms(own, x, distinct))

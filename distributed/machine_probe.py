@@ -17,14 +17,12 @@ import time
 from typing import Any, Protocol
 
 import mlx.core as mx
-from mlx.utils import tree_map
 from mlx_lm.models import activations
-from mlx_lm.models.switch_layers import SwitchGLU
 
 from distributed.chips import this_chip
 from distributed.hosts import largest_cache_bytes, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
-from distributed.route_probe import probe_routes
+from distributed.route_probe import expert_layer, probe_routes
 from distributed.speed_records import known_chip
 from distributed.step_model import Machine
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
@@ -205,11 +203,10 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int, floor_ms: float) -
     picks = min(count, routed)
     # each expert's rows: its share of PREFILL_ROWS tokens' routes
     tokens = max(1, PREFILL_ROWS * routed * count // (shape.num_experts * picks))
-    experts = SwitchGLU(hidden, columns, count)
-    experts.update(tree_map(lambda w: mx.full(w.shape, 0.01, dtype=dtype), experts.parameters()))
+    experts = expert_layer(hidden, columns, count, dtype)
     x = mx.full((tokens, hidden), 0.5, dtype=dtype)
     index = (mx.arange(tokens * picks, dtype=mx.uint32) % count).reshape(tokens, picks)
-    mx.eval(experts.parameters(), x, index)
+    mx.eval(x, index)
 
     def run() -> None:
         mx.eval(experts(x, index))

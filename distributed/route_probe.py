@@ -40,19 +40,18 @@ def probe_routes(
     picks = max(1, min(total, shape.experts_per_token))
     expert = 3 * hidden * columns * dtype.size
     held = int(max(1, min(total, budget // expert)))
-    layers = [SwitchGLU(hidden, columns, held) for _ in range(max(1, budget // (held * expert)))]
-    for layer in layers:
-        layer.update(tree_map(lambda w: mx.full(w.shape, 0.01, dtype=dtype), layer.parameters()))
-    mx.eval([layer.parameters() for layer in layers])
+    layers = [
+        expert_layer(hidden, columns, held, dtype) for _ in range(max(1, budget // (held * expert)))
+    ]
     rng = np.random.default_rng(0)
     rates = []
     for rows in ROUTE_ROWS:
         if rows * picks >= SORTED_ROUTES:
             break
         draws = []
-        for _ in range(DRAWS):  # every row's picks of all the experts, as a router's
-            chosen = np.argsort(rng.random((rows, total)), axis=1)[:, :picks].reshape(-1)
-            kept = chosen[chosen < held].astype(np.uint32)
+        for _ in range(DRAWS):
+            chosen = draw_routes(rng, rows, total, picks).reshape(-1)
+            kept = chosen[chosen < held]
             if kept.size:
                 draws.append((mx.full((kept.size, hidden), 0.5, dtype=dtype), mx.array(kept)))
         if not draws:
@@ -61,6 +60,21 @@ def probe_routes(
         routed = sum(routes.size for _, routes in draws) / len(draws) * len(layers) * expert
         rates.append((rows, routed / timer(_passes(layers, draws))))
     return tuple(rates)
+
+
+def expert_layer(hidden: int, columns: int, experts: int, dtype: mx.Dtype) -> SwitchGLU:
+    """mlx-lm's SwitchGLU of `experts` experts, its weights filled and evaluated: what
+    the probes time (the values do not change the time)."""
+    layer = SwitchGLU(hidden, columns, experts)
+    layer.update(tree_map(lambda w: mx.full(w.shape, 0.01, dtype=dtype), layer.parameters()))
+    mx.eval(layer.parameters())
+    return layer
+
+
+def draw_routes(rng: np.random.Generator, rows: int, experts: int, picks: int) -> np.ndarray:
+    """[rows, picks] expert indices (uint32), each row `picks` distinct experts at random,
+    as a router picks them: the rows of a step share some."""
+    return np.argsort(rng.random((rows, experts)), axis=1)[:, :picks].astype(np.uint32)
 
 
 def _passes(layers: list[SwitchGLU], draws: list[tuple[mx.array, mx.array]]) -> Callable[[], None]:

@@ -236,10 +236,11 @@ def _rank_segments(
     if rank.moe_layers and experts:
         tokens_each = max(1, math.ceil(rows * work.experts_per_token * share / experts))
         nbytes = rank.expert_params * rank.expert_param_bytes
-        one = machine.weights_ms(nbytes, rank.expert_params, tokens_each)
         if machine.route_rates and rows * work.experts_per_token < SORTED_ROUTES:
             probed = min(rows, max(n for n, _ in machine.route_rates))  # each route its read
             one = nbytes * machine.ms_per_byte(probed, machine.route_rates)
+        else:
+            one = machine.weights_ms(nbytes, rank.expert_params, tokens_each)
         if machine.expert_flops_per_ms and machine.rates:  # a prefill: gather_mm's arithmetic
             one = max(one, 2 * rank.expert_params * tokens_each / machine.expert_flops_per_ms)
         routed_ms = rank.moe_layers * experts * one

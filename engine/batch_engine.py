@@ -107,8 +107,9 @@ class BatchEngine:
         self.memory = MemoryReport()
         # A model whose calls evaluate their own collectives in order (a pipeline's stages)
         # may hand results back later in a step; its forwards need no links.
-        self._results_later = getattr(model, "results_later", nullcontext)
-        self._order = ForwardOrder(linked=not hasattr(model, "results_later"))
+        later = getattr(model, "results_later", None)
+        self._results_later = later or nullcontext
+        self._order = ForwardOrder(linked=later is None)
 
     # ---- bookkeeping -------------------------------------------------------------
 
