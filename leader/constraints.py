@@ -99,16 +99,45 @@ class TokenConstraint:
     def __init__(self, matcher: Any, words: int) -> None:
         self._matcher = matcher
         self._bits = np.zeros(words, dtype=np.int32)
+        self.mask_ms = 0.0  # a mask's time, a running average (a proposal's cost to the rule)
 
     def mask(self) -> np.ndarray:
         """The allowed next tokens as packed bits (EOS only once the text is complete)."""
-        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        return self._bits
+        return self._mask_into(self._bits)
+
+    def _mask_into(self, bits: np.ndarray) -> np.ndarray:
+        started = time.perf_counter()
+        self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        ms = (time.perf_counter() - started) * 1000
+        self.mask_ms = ms if not self.mask_ms else self.mask_ms + 0.2 * (ms - self.mask_ms)
+        return bits
 
     def consume(self, token: int) -> None:
         """Advance by the sampled token; a token the mask forbade is a bug, so it raises."""
         if not self._matcher.consume_token(token):
             raise RuntimeError(f"the grammar rejected token {token}: {self._matcher.get_error()}")
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows no alternative to from here, in llguidance's
+        tokenization of the forced text (the model may write it in other tokens)."""
+        return list(self._matcher.compute_ff_tokens())
+
+    def allowed_run(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order from here, the grammar allows (nothing consumed)."""
+        return int(self._matcher.validate_tokens(tokens)) if tokens else 0
+
+    def masks_after(self, tokens: list[int]) -> list[np.ndarray]:
+        """The allowed next tokens after each of `tokens[:1]`, `tokens[:2]`, ... (a
+        speculative step's later positions, each given the proposals before it), each an
+        array of its own; the state is rolled back after. `tokens` must be a run the grammar
+        allows (`allowed_run`)."""
+        masks = []
+        for token in tokens:  # each its own array: mask()'s may be in the step's rows
+            self.consume(token)
+            masks.append(self._mask_into(np.zeros_like(self._bits)))
+        if tokens and not self._matcher.rollback(len(tokens)):
+            raise RuntimeError(f"the grammar could not roll back: {self._matcher.get_error()}")
+        return masks
 
     @property
     def finished(self) -> bool:

@@ -10,9 +10,11 @@ else shares the batch.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from engine.batch_sampler import RowSampling, sample, token_seed
 from ipc.protocol import SamplingParams
@@ -47,10 +49,47 @@ class RequestSampler:
         self._seen = dict.fromkeys(prompt_tokens)  # ordered set: repetition penalty
         self._counts: dict[int, int] = {}  # answer tokens: presence and frequency
 
-    def row(self, offset: int = 0) -> RowSampling:
-        """How to sample this request's next token (with `offset`, the token that many
-        after it: a speculative step's later positions, leader/speculation.py)."""
+    def row(self) -> RowSampling:
+        """How to sample this request's next token."""
+        mask = self.constraint.mask() if self.constraint is not None else None
+        return self._row(0, (), mask)
+
+    def rows_after(self, proposals: list[int]) -> list[RowSampling]:
+        """How to sample the positions after the next token in a speculative step, one per
+        proposal (leader/speculation.py): position j as if proposals[:j] had been drawn,
+        its key that token's, its penalties counting them and its grammar past them, so a
+        position samples what the plain step that reached it would."""
+        masks: list[np.ndarray | None] = [None] * len(proposals)
+        if self.constraint is not None:
+            masks = list(self.constraint.masks_after(proposals))
+        return [self._row(j, proposals[:j], mask) for j, mask in enumerate(masks, start=1)]
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (none without one, or where it leaves a choice)."""
+        return self.constraint.forced() if self.constraint is not None else []
+
+    @property
+    def proposal_ms(self) -> float:
+        """What one proposal costs rank 0 before the step: its position's grammar mask."""
+        return self.constraint.mask_ms if self.constraint is not None else 0.0
+
+    def allowed(self, proposals: list[int]) -> list[int]:
+        """The proposals' run that the grammar allows from here (all without one)."""
+        if self.constraint is None:
+            return proposals
+        return proposals[: self.constraint.allowed_run(proposals)]
+
+    def _row(self, offset: int, before: Sequence[int], mask: np.ndarray | None) -> RowSampling:
+        """The row `offset` tokens on, `before` the tokens taken as drawn until then."""
         p = self.params
+        seen: list[int] = []
+        if p.repetition_penalty != 1.0:
+            seen = list(dict.fromkeys([*self._seen, *before]))
+        counts: dict[int, int] = {}
+        if p.presence_penalty or p.frequency_penalty:
+            counts = dict(self._counts)
+            for token in before:
+                counts[token] = counts.get(token, 0) + 1
         return RowSampling(
             temperature=p.temperature or 0.0,
             top_k=p.top_k or 0,
@@ -58,11 +97,11 @@ class RequestSampler:
             min_p=p.min_p or 0.0,
             seed=token_seed(self.seed, self.drawn + offset),
             repetition_penalty=p.repetition_penalty,
-            seen=list(self._seen) if p.repetition_penalty != 1.0 else (),
+            seen=seen,
             presence_penalty=p.presence_penalty,
             frequency_penalty=p.frequency_penalty,
-            counts=dict(self._counts) if p.presence_penalty or p.frequency_penalty else {},
-            mask=self.constraint.mask() if self.constraint is not None else None,
+            counts=counts,
+            mask=mask,
             logprobs=p.top_logprobs if p.logprobs else -1,
         )
 

@@ -11,7 +11,8 @@ maximises (B + gains) / cost(B x W); rows propose at most W - 1 tokens. With a f
 the rows alone fill the step's products and W = 1 wins unless acceptance is high.
 Proposals from a draft model (leader/draft_model.py) are not free: each costs rank 0 one
 forward of the draft before the step (its measured time), so a row the draft proposes d
-tokens for adds d of those to the step's cost.
+tokens for adds d of those to the step's cost; a grammar's row adds its mask's measured
+time for each (the mask of the position after it).
 
 A chance is the mean of two pieces of evidence at hand: the row's recent trials
 (`Evidence`: does this answer copy at all), and how often the cluster's proposals were
@@ -191,7 +192,7 @@ def choose_width(
     """The step's positions per row (1: no speculation) for rows whose proposals have these
     chances (`chances[row][j]`: proposal j accepted, given the ones before it were; as
     many as the row proposes); `making`: each row's milliseconds to make one proposal
-    (a draft model's forward; default 0, prompt lookup); `cached`: the batch's cached
+    (a draft model's forward, a grammar's mask; default 0, prompt lookup); `cached`: the batch's cached
     positions, where a width that would make a new compiled shape is priced for it
     (leader/new_shapes.py; None: not priced)."""
     rows = len(chances)

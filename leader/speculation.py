@@ -29,8 +29,15 @@ tokens whatever shares its batch, and whether or not speculation is on.
 
 A draft model's proposals are its argmax: point masses too, so the same holds for them.
 
-Rows with penalties, a grammar or logprobs do not speculate (their sampling of position j
-would depend on the tokens before it); nor does a model whose caches cannot roll back.
+Every row may speculate: penalties, a grammar and logprobs at position j are those of the
+plain step that would reach it, the proposals before j taken as drawn (their penalties
+count them, the grammar is advanced past them: leader/sampler.py `rows_after`), so a row
+gets the same tokens and logprobs either way. A grammar's row proposes only the run it
+allows, and where the grammar forces its next tokens (a forced call's `{"name":
+"edit_file", "arguments": {"path":`, 14 of SmolLM2's tokens; the keys between a schema's
+values), those: they are accepted as often as the model writes the grammar's own
+tokenization (`forced_odds`, counted apart). A model whose caches cannot roll back runs
+without speculation.
 """
 
 from __future__ import annotations
@@ -50,19 +57,6 @@ from leader.request import Request
 from leader.spec_rule import Evidence, Figures, MatchOdds, StepCosts, choose_width
 
 log = logging.getLogger("ring.speculation")
-
-
-def can_speculate(request: Request) -> bool:
-    """Whether a request's position j samples without the tokens before it: no penalties,
-    grammar or logprobs."""
-    params = request.submit.params
-    return (
-        request.constraint is None
-        and not params.logprobs
-        and params.repetition_penalty == 1.0
-        and not params.presence_penalty
-        and not params.frequency_penalty
-    )
 
 
 @dataclass
@@ -86,7 +80,10 @@ class Speculator:
     _ahead: dict[int, list[int]] = field(default_factory=dict)  # prompt lookup's, unverified
     _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
     _drafted: set[int] = field(default_factory=set)  # rows the draft model proposed for
+    _forced: set[int] = field(default_factory=set)  # rows proposing their grammar's tokens
+    forced_odds: MatchOdds = field(default_factory=MatchOdds)  # theirs, counted apart
     new_shape: bool = False  # the planned step makes a new compiled shape
+    proposing: bool = True  # False: no proposals of its own (the warm-up forces widths)
 
     @property
     def enabled(self) -> bool:
@@ -111,7 +108,7 @@ class Speculator:
 
     def drafts(self, seq_ids: list[int], requests: dict[int, Request]) -> list[list[int]]:
         """The proposals of the next step's decode rows (all empty: none this step)."""
-        self._drafts, self._drafted, self._ahead = {}, set(), {}
+        self._drafts, self._drafted, self._forced, self._ahead = {}, set(), set(), {}
         self.new_shape = False
         for gone in (self._lookup.keys() | self._evidence.keys()) - requests.keys():
             self._lookup.pop(gone, None)
@@ -125,12 +122,16 @@ class Speculator:
         for row, seq_id in enumerate(seq_ids):
             request = requests.get(seq_id)
             draft: list[int] = []
-            if request is not None and not request.finished and can_speculate(request):
+            if request is not None and not request.finished and self.proposing:
                 lookup = self._lookup.setdefault(seq_id, PromptLookup())
                 history = [*request.prompt, *request.generated]
                 lookup.extend(history[len(lookup) :])
                 most = min(self.tokens, request.max_tokens - len(request.generated) - 1)
-                draft = self._ahead[seq_id] = lookup.propose(most)
+                draft = request.sampler.forced()[: max(0, most)]  # a grammar's next tokens
+                if draft:
+                    self._forced.add(seq_id)
+                else:
+                    draft = self._ahead[seq_id] = request.sampler.allowed(lookup.propose(most))
                 if not draft and most > 0 and self.draft is not None:
                     asks[row] = (history, most)
             out.append(draft)
@@ -140,14 +141,20 @@ class Speculator:
         cached = max((len(r.prompt) + len(r.generated) - 1 for r in decoding), default=0)
         if (any(out) or asks) and self.rule:  # how wide a step pays (leader/spec_rule.py)
             ms = self.draft.token_ms if self.draft is not None else 0.0
-            making = [ms if row in asks else 0.0 for row in range(len(out))]
+            making = [  # a draft's forward, and a grammar's mask at each later position
+                (ms if row in asks else 0.0) + requests[seq_id].sampler.proposal_ms
+                if seq_id in requests
+                else 0.0
+                for row, seq_id in enumerate(seq_ids)
+            ]
             width = choose_width(self._chances(seq_ids, out, asks), self.costs, making, cached)
             out = [draft[: width - 1] for draft in out]
         for row, (history, most) in asks.items():
             if self.draft is None:
                 break
             try:
-                out[row] = self.draft.propose(seq_ids[row], history, min(most, width - 1))
+                proposed = self.draft.propose(seq_ids[row], history, min(most, width - 1))
+                out[row] = requests[seq_ids[row]].sampler.allowed(proposed)
             except Exception as exc:  # the draft's trouble must never stop the step loop
                 self._drop_draft(exc)
                 break
@@ -171,6 +178,8 @@ class Speculator:
             recent = self._evidence.get(seq_id, Evidence()).rate
             if row in asks:
                 chances.append([recent] * asks[row][1])
+            elif seq_id in self._forced:
+                chances.append([self.forced_odds.chance(0)] * len(out[row]))
             elif out[row]:
                 chances.append(self.odds.chances(self._lookup[seq_id].run, len(out[row]), recent))
             else:
@@ -200,22 +209,39 @@ class Speculator:
         greedily (what it samples is never read)."""
         if request is None or request.finished:
             return [RowSampling()] * (width - 1)
-        drafted = len(self._drafts.get(seq_id, ()))
-        rows = [request.sampler.row(offset) for offset in range(1, 1 + drafted)]
-        return rows + [RowSampling()] * (width - 1 - drafted)
+        rows = request.sampler.rows_after(self._drafts.get(seq_id, []))
+        return rows + [RowSampling()] * (width - 1 - len(rows))
 
     def accept(self, seq_id: int, drawn: list[int], request: Request | None) -> int:
         """How many of a row's sampled positions it takes (any step, one position or
         more): the proposals equal to what the position before sampled, and one more.
-        The rest roll back at the next plan. The row's evidence takes the verified run
-        and, where it was all accepted, the shadow trial of the next proposal prompt
-        lookup had (the token sampled after the run against it); the odds by a match's
-        length take the same trials of prompt lookup's proposals."""
+        The rest roll back at the next plan. Its trials feed the rule: a grammar's forced
+        tokens their own odds, the others the row's evidence and the odds by a match's
+        length."""
         draft = self._drafts.get(seq_id, [])
         kept = 0
         while kept < len(draft) and drawn[kept] == draft[kept]:
             kept += 1
         self._drops[seq_id] = len(drawn) - 1 - kept
+        if seq_id in self._forced:  # a grammar's tokens: their own odds, not the row's
+            for at in range(min(kept + 1, len(draft))):
+                self.forced_odds.trial(0, at < kept)
+        else:
+            self._lookup_trials(seq_id, draft, drawn, kept)
+        if draft:
+            for figures in self._figures(request):
+                figures.proposed += len(draft)
+                figures.accepted += kept
+                figures.rejections += kept < len(draft)
+        if seq_id in self._drafted:
+            self.draft_totals.proposed += len(draft)
+            self.draft_totals.accepted += kept
+        return kept + 1
+
+    def _lookup_trials(self, seq_id: int, draft: list[int], drawn: list[int], kept: int) -> None:
+        """The row's evidence and the odds by a match's length take the verified run and,
+        where it was all accepted, the shadow trial of prompt lookup's next proposal (the
+        token sampled after the run against it)."""
         evidence = self._evidence.setdefault(seq_id, Evidence())
         ahead = self._ahead.get(seq_id, [])
         evidence.verified(kept, len(draft))
@@ -228,15 +254,6 @@ class Speculator:
             self.odds.trial(held + kept, drawn[kept] == ahead[kept])
         elif not draft:
             evidence.idle()
-        if draft:
-            for figures in self._figures(request):
-                figures.proposed += len(draft)
-                figures.accepted += kept
-                figures.rejections += kept < len(draft)
-        if seq_id in self._drafted:
-            self.draft_totals.proposed += len(draft)
-            self.draft_totals.accepted += kept
-        return kept + 1
 
     def count(self, request: Request | None, taken: int) -> None:
         """A decode step gave `request` `taken` tokens."""

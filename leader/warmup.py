@@ -23,12 +23,12 @@ rank runs them in lock-step, as it runs any request:
    decoding as a batch of 2 at widths 1, 2 and the widest.
 
 Widths are forced: rank 0 puts proposals (the row's own next token) in the step plan. The
-warm-up's requests cannot speculate by themselves (penalties or logprobs), so the
-speculator takes every proposal as padding: none is accepted and the next plan rolls them
-back, as it does a rejected proposal. Isolation: while warming, the prefix cache is off
-(nothing is stored, on disk either), EOS ends no warm-up answer, the loop keeps no step
-time (speculation's step costs, the prefill budget), and the counters and speculation
-totals are put back as they were; rank 0's socket refuses submits (status "warming").
+speculator proposes nothing of its own meanwhile, so it takes every proposal as padding:
+none is accepted and the next plan rolls them back, as it does a rejected proposal.
+Isolation: while warming, the prefix cache is off (nothing is stored, on disk either), EOS
+ends no warm-up answer, the loop keeps no step time (speculation's step costs, the prefill
+budget), and the counters and speculation totals are put back as they were; rank 0's
+socket refuses submits (status "warming").
 
 Last, with the prefix cache back on, one more request of rank 0's own prefills the chat
 template's opening, what every one-message chat starts with (the template's default
@@ -207,18 +207,20 @@ class WarmUp:
 
 @contextmanager
 def isolated(scheduler: Scheduler) -> Iterator[None]:
-    """The scheduler as the warm-up needs it: no prefix cache, no end at EOS, and the
-    speculation totals put back afterwards."""
+    """The scheduler as the warm-up needs it: no prefix cache, no end at EOS, no proposals
+    but the warm-up's, and the speculation totals put back afterwards."""
     prefix, eos = scheduler.prefix, scheduler.eos_ids
     speculator = scheduler.speculator
     totals, drafted = copy.deepcopy(speculator.totals), copy.deepcopy(speculator.draft_totals)
     scheduler.requests.prefix = PrefixCache(0)
     scheduler.eos_ids = set()
+    speculator.proposing = False
     try:
         yield
     finally:
         scheduler.requests.prefix = prefix
         scheduler.eos_ids = eos
+        speculator.proposing = True
         speculator.totals, speculator.draft_totals = totals, drafted
 
 

@@ -124,8 +124,8 @@ def test_a_draft_that_cannot_load_is_refused_with_the_reason(served, tmp_path):
 
 @pytest.mark.parametrize("which", ["served", "other"])
 def test_speculation_with_a_draft_gives_the_same_answers(served, other, which):
-    """Greedy rows, alone and four together (one with a penalty: never proposes); prompt
-    lookup first, the draft where it has nothing. The served model as its own draft is
+    """Greedy rows, alone and four together (one with a penalty, whose positions count the
+    proposals before them); prompt lookup first, the draft where it has nothing. The served model as its own draft is
     nearly always right, another random model mostly wrong."""
     tiny = load_model(served)[0], load_tokenizer(served)
     submits = [
@@ -139,7 +139,7 @@ def test_speculation_with_a_draft_gives_the_same_answers(served, other, which):
     speculator = Speculator(4, rule=False, draft=draft)
     on = generate(tiny, submits, spec_tokens=4, speculator=speculator)
     assert {k: v[0] for k, v in on.items()} == {k: v[0] for k, v in off.items()}
-    assert on["penalty"][1].timings.proposed_tokens == 0
+    assert on["penalty"][1].timings.proposed_tokens > 0
     figures = speculator.draft_totals
     assert figures.proposed > 0
     if which == "served":
