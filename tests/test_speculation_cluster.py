@@ -5,8 +5,8 @@ lookup proposes from the answer's own repetitions, and is sometimes wrong where 
 starts or changes: rows accept different runs, and rejected positions roll back.
 SPECULATIVE=always (every step where a row proposes: the per-step rule, timed on a shared
 machine, would make the tests depend on its load; tests/test_speculation.py tests the rule).
-Speculation off is the reference, from its own cluster; on an MoE family (experts split
-by rank) a request asking for logprobs, which never speculates, is the reference.
+Speculation off is the reference, from its own cluster (on an MoE family, experts split by
+rank, too). Rows with a penalty, logprobs or a grammar speculate as the others do.
 A draft model (DRAFT_MODEL, on rank 0 alone) proposes where prompt lookup has nothing: the
 served model as its own draft (nearly every proposal accepted), and another random model
 with the same tokenizer (few accepted); both give the reference's tokens.
@@ -19,7 +19,7 @@ import mlx.core as mx
 import pytest
 
 from ipc.client import RankClient
-from ipc.protocol import Delta, Done, Error, SamplingParams, Started, Submit
+from ipc.protocol import Delta, Done, Error, OutputFormat, SamplingParams, Started, Submit
 from launcher.local_cluster import Cluster
 from tests.support.api_server import api_over
 from tests.support.tiny_families import write_family_model
@@ -38,19 +38,30 @@ ENV = {
 TOKENS = 48
 
 
-def submit(request_id: str, prompt: str, **params) -> Submit:
+def submit(request_id: str, prompt: str, output: OutputFormat | None = None, **params) -> Submit:
     params = {"max_tokens": TOKENS, "temperature": 0.0, **params}
-    return Submit(id=request_id, prompt=prompt, params=SamplingParams(**params))
+    return Submit(id=request_id, prompt=prompt, params=SamplingParams(**params), output=output)
 
 
-# batch 1: one greedy answer; batch 4: two greedy, one with a penalty (it never speculates:
-# a row with no proposal in a speculative step), one sampled with a seed.
+SAYING = OutputFormat(
+    type="json_schema",
+    json_schema={
+        "type": "object",
+        "properties": {"said": {"type": "string"}},
+        "required": ["said"],
+    },
+)
+# batch 1: one greedy answer; batch 6: two greedy, one with a penalty and logprobs, one
+# sampled with a seed, and two answering JSON of a schema (its grammar on rank 0 masks each
+# position, and proposes the tokens it forces: `{"said": "`), greedy and sampled.
 ALONE = [submit("alone", "abcabcabc abcabc")]
 BATCH = [
     submit("g1", "the cat sat on the mat, the cat sat"),
     submit("g2", "0101 0101 0101"),
-    submit("penalty", "xyz xyz", presence_penalty=0.5),
+    submit("penalty", "xyz xyz", presence_penalty=0.5, logprobs=True),
     submit("seeded", "hello hello", temperature=0.3, top_p=0.95, seed=7),
+    submit("json", "said: abc abc abc", SAYING),
+    submit("json-seeded", "said: 0101 0101", SAYING, temperature=0.3, seed=4),
 ]
 
 
@@ -113,14 +124,14 @@ def test_speculation_gives_the_same_tokens(model, reference, parallelism):
         if parallelism == "tensor":
             figures_through_the_api(cluster)
     for key, (tokens, done) in reference.items():
-        assert len(tokens) == TOKENS, key
+        assert len(tokens) == TOKENS or done.finish_reason == "stop", key  # JSON may end
         assert done.timings.proposed_tokens == 0, key
         assert got[key][0] == tokens, f"{key} differs with speculation on ({parallelism})"
     timings = {key: done.timings for key, (_, done) in got.items()}
-    assert timings["penalty"].proposed_tokens == 0  # a penalty's row never proposes
-    for key in ("alone", "g1", "g2", "seeded"):
+    assert timings["penalty"].proposed_tokens > 0  # penalties and logprobs speculate too
+    for key in ("alone", "g1", "g2", "seeded", "json", "json-seeded"):
         assert timings[key].accepted_tokens > 0, (key, timings[key])
-        assert timings[key].decode_steps < TOKENS - 1, (key, timings[key])
+        assert timings[key].decode_steps < len(got[key][0]) - 1, (key, timings[key])
     # some proposals were rejected, and their positions rolled back
     assert sum(t.proposed_tokens - t.accepted_tokens for t in timings.values()) > 0
 
@@ -133,14 +144,15 @@ def test_speculation_on_an_expert_split(tmp_path_factory):
     weights = mx.load(str(path))
     weights["lm_head.weight"][256:] = 0.0  # special tokens never win: answers run to max
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
-    env = {**ENV, "SPECULATIVE": "always", "PARALLELISM": "tensor"}  # auto: by speed
-    with Cluster(directory, ranks=2, env=env) as cluster:
-        assert cluster.status().plan["split_experts"]
-        with cluster.client() as client:
-            plain = run(client, [submit("plain", "abcabcabc abcabc", logprobs=True)])
-            spec = run(client, [submit("spec", "abcabcabc abcabc")])
-    (tokens, done), (spec_tokens, spec_done) = plain["plain"], spec["spec"]
-    assert done.timings.proposed_tokens == 0  # logprobs: never speculates
+    answers = {}
+    for speculative in ("off", "always"):
+        env = {**ENV, "SPECULATIVE": speculative, "PARALLELISM": "tensor"}  # auto: by speed
+        with Cluster(directory, ranks=2, env=env) as cluster:
+            assert cluster.status().plan["split_experts"]
+            with cluster.client() as client:
+                answers[speculative] = run(client, [submit("a", "abcabcabc abcabc")])["a"]
+    (tokens, done), (spec_tokens, spec_done) = answers["off"], answers["always"]
+    assert done.timings.proposed_tokens == 0
     assert spec_done.timings.accepted_tokens > 0, spec_done.timings
     assert spec_tokens == tokens
 
@@ -159,7 +171,6 @@ def test_a_draft_model_gives_the_same_tokens(model, reference):
         assert got[key][0] == tokens, f"{key} differs with the served model as draft"
     assert figures.draft_model == str(model), figures
     timings = {key: done.timings for key, (_, done) in got.items()}
-    assert timings["penalty"].proposed_tokens == 0
     proposed, accepted = figures.draft_proposed_tokens, figures.draft_accepted_tokens
     assert proposed > 0, figures
     greedy = [timings[key] for key in ("alone", "g1", "g2")]
