@@ -40,11 +40,16 @@ class Workload:
     max_tokens: int
     edit: bool = True  # False: the free-text control
     tools: list[dict[str, Any]] | None = None  # the request's tools, OpenAI's shape
+    fields: dict[str, Any] | None = None  # more of the request (tool_choice, logprobs, ...)
 
     def body(self) -> dict[str, Any]:
         """The request a client sends (greedy, streamed by the sender)."""
         extra = {"tools": self.tools} if self.tools else {}
-        return {"messages": self.messages, "max_tokens": self.max_tokens, **extra}
+        return {"messages": self.messages, "max_tokens": self.max_tokens, **extra, **self.more}
+
+    @property
+    def more(self) -> dict[str, Any]:
+        return self.fields or {}
 
 
 def _file(name: str) -> str:
@@ -303,6 +308,79 @@ FRESH = [
     ),
 ]
 
+
+def _invoice() -> list[dict[str, Any]]:
+    """Fields copied out of a text into a schema's JSON."""
+    return [
+        {"role": "user", "content": f"Extract the invoice's fields.\n\n{_asked('invoice.txt')}"}
+    ]
+
+
+def _asked(name: str) -> str:
+    return _file(f"asks/{name}")
+
+
+INVOICE = {
+    "type": "object",
+    "properties": {
+        "seller": {"type": "string"},
+        "buyer": {"type": "string"},
+        "number": {"type": "string"},
+        "date": {"type": "string"},
+        "lines": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "item": {"type": "string"},
+                    "quantity": {"type": "integer"},
+                    "price": {"type": "number"},
+                },
+                "required": ["item", "quantity", "price"],
+            },
+        },
+        "total": {"type": "number"},
+    },
+    "required": ["seller", "buyer", "number", "date", "lines", "total"],
+}
+EDIT_FILE = {"type": "function", "function": {"name": "edit_file"}}
+
+# A fourth set, written on 2026-12-01: requests whose fields turned speculation off until
+# that day (a forced tool call, a JSON schema, logprobs, a penalty), each an edit or an
+# extraction that copies its prompt.
+ASKS = [
+    Workload(
+        "edit_file forced, after read_file",
+        _after_read(),
+        500,
+        tools=AGENT_TOOLS,
+        fields={"tool_choice": EDIT_FILE},
+    ),
+    Workload(
+        "invoice, a JSON schema",
+        _invoice(),
+        400,
+        fields={
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "invoice", "schema": INVOICE},
+            }
+        },
+    ),
+    Workload(
+        "python 160, logprobs",
+        _first("catch OSError, not ConnectionError", "retry.py", "python", WHOLE),
+        260,
+        fields={"logprobs": True, "top_logprobs": 2},
+    ),
+    Workload(
+        "markdown 515, presence_penalty",
+        _first("the release to install is 4.3.0, not 4.2.1", "guide.md", "markdown", WHOLE),
+        650,
+        fields={"presence_penalty": 0.1},
+    ),
+]
+
 # (name, a file of this repository, its language, the change asked, max_tokens)
 OWN_EDITS = [
     ("own: rename in python", "leader/burst.py", "python", "rename `burst` to `take_burst`", 600),
@@ -344,7 +422,8 @@ SETS = {
     "tuned": WORKLOADS,
     "held-out": HELD_OUT,
     "fresh": FRESH,
-    "all": WORKLOADS + HELD_OUT + FRESH,
+    "asks": ASKS,
+    "all": WORKLOADS + HELD_OUT + FRESH + ASKS,
 }
 
 

@@ -64,10 +64,11 @@ async def stream_chat(
     max_tokens: int,
     result: RequestResult | None = None,
     tools: list[dict[str, Any]] | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> RequestResult:
     """Send one greedy streaming chat completion (a user prompt, or whole messages, with
-    `tools` where given) and time its content deltas (into `result` when given: a
-    cancelled caller keeps them)."""
+    `tools` and more request `fields` where given) and time its content deltas (into
+    `result` when given: a cancelled caller keeps them)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body: dict = {
         "messages": messages,
@@ -76,6 +77,7 @@ async def stream_chat(
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(fields or {}),
         **endpoint.extra_body,
     }
     if endpoint.model:

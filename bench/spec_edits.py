@@ -57,7 +57,12 @@ async def _one(endpoint: Endpoint, workload: Workload) -> RequestResult:
     timeout = httpx.Timeout(endpoint.timeout, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         return await stream_chat(
-            client, endpoint, workload.messages, workload.max_tokens, tools=workload.tools
+            client,
+            endpoint,
+            workload.messages,
+            workload.max_tokens,
+            tools=workload.tools,
+            fields=workload.more,
         )
 
 

@@ -379,3 +379,12 @@ def test_every_edit_workload_is_a_valid_chat_request() -> None:
         ChatCompletionRequest.model_validate(after_read.body()), "w", Limits(default_max_tokens=1)
     ).messages
     assert turns[2].tool_calls[0].name == "read_file" and turns[3].role == "tool"
+    forced, schema, logprobs, penalty = (
+        chat_submit(
+            ChatCompletionRequest.model_validate(w.body()), "w", Limits(default_max_tokens=1)
+        )
+        for w in SETS["asks"]
+    )
+    assert forced.tool_choice is not None and forced.tool_choice.name == "edit_file"
+    assert schema.output is not None and schema.output.json_schema is not None
+    assert logprobs.params.logprobs and penalty.params.presence_penalty == 0.1
