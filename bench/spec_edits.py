@@ -48,6 +48,7 @@ from gateway.openai.convert import chat_submit
 from gateway.openai.protocol import ChatCompletionRequest
 from ipc.client import RankClient
 from ipc.protocol import Delta, Done, Error
+from leader.constraints import GrammarTokens
 from leader.request_setup import RequestSetup
 
 SERVERS = ("on", "off", "peer", "peer-rows")
@@ -130,7 +131,10 @@ def copy_share(
 
 def run_ranks(ranks: int, args: argparse.Namespace, env: dict[str, str], model: Path) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="bench-spec-edits-"))
-    setup = RequestSetup(load_tokenizer(model), None)
+    tokenizer = load_tokenizer(model)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    # a grammar as rank 0's: a constrained request's prompt renders as the cluster renders it
+    setup = RequestSetup(tokenizer, GrammarTokens.build(tokenizer, vocab, tokenizer.eos_token_ids))
     peer_model = model
     peers = {"peer", "peer-rows"} & set(args.servers)
     if ranks > 1 and peers:  # a model the peer can split: by layers, answering as ours does
