@@ -8,11 +8,12 @@ second free-text control), written after the rule was last tuned and never used 
 the check that the rule holds on prompts it has not seen. FRESH is a third such set
 (bench/workloads/fresh/: CSS, TypeScript, shell, C; an agent's edit whose file came back
 from its read_file tool call, with tools in the request; a second change to the model's own
-answer; a third free text). `own_files()` edits this
-repository's own files and asks for eight free texts of other kinds (bench/spec_replay.py
-replays them without a server). The default model (SmolLM2,
-135M) follows some of them and not others (it does not copy the 1,600-token file): each
-answer's share of copied tokens is reported beside its speed.
+answer; a third free text). ASKS is a fourth (bench/workloads/asks/): requests whose
+fields (a forced tool call, a JSON schema, logprobs, a penalty) switched speculation off
+until 2026-12-01. `own_files()` edits this repository's own files and asks for eight free
+texts of other kinds (bench/spec_replay.py replays them without a server). The default
+model (SmolLM2, 135M) follows some of them and not others (it does not copy the
+1,600-token file): each answer's share of copied tokens is reported beside its speed.
 
 `copied` measures what an answer copies: the tokens that lie in runs of at least RUN
 tokens found verbatim in the prompt; the share of them that speculation accepted is what
@@ -45,11 +46,8 @@ class Workload:
     def body(self) -> dict[str, Any]:
         """The request a client sends (greedy, streamed by the sender)."""
         extra = {"tools": self.tools} if self.tools else {}
-        return {"messages": self.messages, "max_tokens": self.max_tokens, **extra, **self.more}
-
-    @property
-    def more(self) -> dict[str, Any]:
-        return self.fields or {}
+        more = self.fields or {}
+        return {"messages": self.messages, "max_tokens": self.max_tokens, **extra, **more}
 
 
 def _file(name: str) -> str:
@@ -310,39 +308,12 @@ FRESH = [
 
 
 def _invoice() -> list[dict[str, Any]]:
-    """Fields copied out of a text into a schema's JSON."""
+    """Fields copied out of a text into a schema's JSON (asks/invoice.schema.json)."""
     return [
-        {"role": "user", "content": f"Extract the invoice's fields.\n\n{_asked('invoice.txt')}"}
+        {"role": "user", "content": f"Extract the invoice's fields.\n\n{_file('asks/invoice.txt')}"}
     ]
 
 
-def _asked(name: str) -> str:
-    return _file(f"asks/{name}")
-
-
-INVOICE = {
-    "type": "object",
-    "properties": {
-        "seller": {"type": "string"},
-        "buyer": {"type": "string"},
-        "number": {"type": "string"},
-        "date": {"type": "string"},
-        "lines": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "item": {"type": "string"},
-                    "quantity": {"type": "integer"},
-                    "price": {"type": "number"},
-                },
-                "required": ["item", "quantity", "price"],
-            },
-        },
-        "total": {"type": "number"},
-    },
-    "required": ["seller", "buyer", "number", "date", "lines", "total"],
-}
 EDIT_FILE = {"type": "function", "function": {"name": "edit_file"}}
 
 # A fourth set, written on 2026-12-01: requests whose fields turned speculation off until
@@ -363,7 +334,10 @@ ASKS = [
         fields={
             "response_format": {
                 "type": "json_schema",
-                "json_schema": {"name": "invoice", "schema": INVOICE},
+                "json_schema": {
+                    "name": "invoice",
+                    "schema": json.loads(_file("asks/invoice.schema.json")),
+                },
             }
         },
     ),

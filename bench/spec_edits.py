@@ -63,7 +63,7 @@ async def _one(endpoint: Endpoint, workload: Workload) -> RequestResult:
             workload.messages,
             workload.max_tokens,
             tools=workload.tools,
-            fields=workload.more,
+            fields=workload.fields,
         )
 
 
