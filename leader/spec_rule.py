@@ -192,9 +192,9 @@ def choose_width(
     """The step's positions per row (1: no speculation) for rows whose proposals have these
     chances (`chances[row][j]`: proposal j accepted, given the ones before it were; as
     many as the row proposes); `making`: each row's milliseconds to make one proposal
-    (a draft model's forward, a grammar's mask; default 0, prompt lookup); `cached`: the batch's cached
-    positions, where a width that would make a new compiled shape is priced for it
-    (leader/new_shapes.py; None: not priced)."""
+    (a draft model's forward, a grammar's mask; default 0, prompt lookup); `cached`: the
+    batch's cached positions, where a width that would make a new compiled shape is priced
+    for it (leader/new_shapes.py; None: not priced)."""
     rows = len(chances)
     making = making or [0.0] * rows
 

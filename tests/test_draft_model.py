@@ -125,8 +125,8 @@ def test_a_draft_that_cannot_load_is_refused_with_the_reason(served, tmp_path):
 @pytest.mark.parametrize("which", ["served", "other"])
 def test_speculation_with_a_draft_gives_the_same_answers(served, other, which):
     """Greedy rows, alone and four together (one with a penalty, whose positions count the
-    proposals before them); prompt lookup first, the draft where it has nothing. The served model as its own draft is
-    nearly always right, another random model mostly wrong."""
+    proposals before them); prompt lookup first, the draft where it has nothing. The served
+    model as its own draft is nearly always right, another random model mostly wrong."""
     tiny = load_model(served)[0], load_tokenizer(served)
     submits = [
         request("a", "abcabcabc", max_tokens=24),
