@@ -10,8 +10,7 @@ the check that the rule holds on prompts it has not seen. FRESH is a third such 
 from its read_file tool call, with tools in the request; a second change to the model's own
 answer; a third free text). ASKS is a fourth (bench/workloads/asks/): requests whose
 fields (a forced tool call, a JSON schema, logprobs, a penalty) switched speculation off
-until 2026-12-01. `own_files()` edits this repository's own files and asks for eight free
-texts of other kinds (bench/spec_replay.py replays them without a server). The default
+until 2026-12-01 (bench/own_workloads.py edits this repository's own files). The default
 model (SmolLM2, 135M) follows some of them and not others (it does not copy the
 1,600-token file): each answer's share of copied tokens is reported beside its speed.
 
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import function_tool
-from config.settings import PROJECT_DIR
 
 FILES = Path(__file__).parent / "workloads"
 RUN = 8  # tokens: a copy shorter than this is not counted as one
@@ -354,43 +352,6 @@ ASKS = [
         fields={"presence_penalty": 0.1},
     ),
 ]
-
-# (name, a file of this repository, its language, the change asked, max_tokens)
-OWN_EDITS = [
-    ("own: rename in python", "leader/burst.py", "python", "rename `burst` to `take_burst`", 600),
-    ("own: comment in python", "leader/sampler.py", "python", "a comment line at the top", 1200),
-    ("own: bash", "scripts/settings.sh", "bash", "print 'done' at the end", 600),
-    ("own: toml", "pyproject.toml", "toml", "requires-python is >=3.12", 600),
-    ("own: bash, names", "scripts/ranks.sh", "bash", "every local variable in upper case", 900),
-]
-FREE_ASKS = {
-    "story": "Write a short story about a fox who learns to swim.",
-    "list": "List ten tips for keeping houseplants alive, one line each.",
-    "explain": "Explain how a bicycle's gears work to a ten-year-old.",
-    "letter": "Write a cover letter for a job as a baker.",
-    "table": "What are the differences between TCP and UDP? Answer in a table.",
-    "poem": "Write a poem about winter mornings in the city.",
-    "bullets": "Summarise the causes of the French Revolution in five bullet points.",
-    "recipe": "Give me a recipe for lentil soup with quantities.",
-}
-
-
-def own_files() -> list[Workload]:
-    """OWN_EDITS of this repository's files (read now: they change with it, and so do the
-    answers, prompts nobody wrote for the rule) and FREE_ASKS, for bench.spec_replay."""
-    edits = []
-    for name, path, language, change, max_tokens in OWN_EDITS:
-        user = (
-            f"Here is {path}:\n\n```{language}\n{(PROJECT_DIR / path).read_text()}```\n\n"
-            f"Return the whole file with one change: {change}. {WHOLE}"
-        )
-        edits.append(Workload(name, [{"role": "user", "content": user}], max_tokens))
-    free = [
-        Workload(f"free: {name}", [{"role": "user", "content": ask}], 300, edit=False)
-        for name, ask in FREE_ASKS.items()
-    ]
-    return edits + free
-
 
 SETS = {
     "tuned": WORKLOADS,

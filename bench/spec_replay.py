@@ -45,8 +45,9 @@ from mlx_lm.utils import load_tokenizer
 
 from bench.agents import rendered
 from bench.compiled_decode import DEFAULT_MODEL
-from bench.edit_workloads import SETS, Workload, copied, own_files
+from bench.edit_workloads import SETS, Workload, copied
 from bench.engine_steps import first_plan, next_plan, served_model
+from bench.own_workloads import own_files
 from engine.batch_engine import BatchEngine
 from engine.compiled_decode import CompiledDecode
 from engine.step_plan import step_width

@@ -81,7 +81,8 @@ class Speculator:
     _drops: dict[int, int] = field(default_factory=dict)  # positions to roll back
     _drafted: set[int] = field(default_factory=set)  # rows the draft model proposed for
     _forced: set[int] = field(default_factory=set)  # rows proposing their grammar's tokens
-    forced_odds: MatchOdds = field(default_factory=MatchOdds)  # theirs, counted apart
+    # theirs, counted apart at one length (the latest HELD_MEMORY trials weighing)
+    forced_odds: MatchOdds = field(default_factory=MatchOdds)
     new_shape: bool = False  # the planned step makes a new compiled shape
     proposing: bool = True  # False: no proposals of its own (the warm-up forces widths)
 
@@ -205,8 +206,8 @@ class Speculator:
 
     def sampling(self, seq_id: int, width: int, request: Request | None) -> list[RowSampling]:
         """How to sample a row's positions after its first in a step `width` wide: its
-        draft's with the keys of the request's later tokens, the padding after them
-        greedily (what it samples is never read)."""
+        proposals' as the plain steps reaching them would (leader/sampler.py
+        `rows_after`), the padding after them greedily (what it samples is never read)."""
         if request is None or request.finished:
             return [RowSampling()] * (width - 1)
         rows = request.sampler.rows_after(self._drafts.get(seq_id, []))
