@@ -83,8 +83,8 @@ class RequestSampler:
         """The row `offset` tokens on, `before` the tokens taken as drawn until then."""
         p = self.params
         seen: list[int] = []
-        if p.repetition_penalty != 1.0:
-            seen = list(dict.fromkeys([*self._seen, *before]))
+        if p.repetition_penalty != 1.0:  # a 12K-token prompt's set is not built again a row
+            seen = [*self._seen, *(t for t in dict.fromkeys(before) if t not in self._seen)]
         counts: dict[int, int] = {}
         if p.presence_penalty or p.frequency_penalty:
             counts = dict(self._counts)

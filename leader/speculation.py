@@ -142,12 +142,9 @@ class Speculator:
         cached = max((len(r.prompt) + len(r.generated) - 1 for r in decoding), default=0)
         if (any(out) or asks) and self.rule:  # how wide a step pays (leader/spec_rule.py)
             ms = self.draft.token_ms if self.draft is not None else 0.0
-            making = [  # a draft's forward, and a grammar's mask at each later position
-                (ms if row in asks else 0.0) + requests[seq_id].sampler.proposal_ms
-                if seq_id in requests
-                else 0.0
-                for row, seq_id in enumerate(seq_ids)
-            ]
+            # a draft's forward, and a grammar's mask at each later position
+            masks = [requests[s].sampler.proposal_ms if s in requests else 0.0 for s in seq_ids]
+            making = [(ms if row in asks else 0.0) + mask for row, mask in enumerate(masks)]
             width = choose_width(self._chances(seq_ids, out, asks), self.costs, making, cached)
             out = [draft[: width - 1] for draft in out]
         for row, (history, most) in asks.items():
