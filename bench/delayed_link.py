@@ -77,6 +77,10 @@ class _Relay:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(10)
+        assert self.process.stderr is not None
+        said = self.process.stderr.read().decode(errors="replace").strip()
+        if said and not said.startswith("dropped 0 towards the bridge, 0 towards the worker, 0 "):
+            print(f"link relay of {self.worker.address}: {said}", file=sys.stderr)
         subprocess.run(["ip", "link", "del", self.bridge_side], capture_output=True, timeout=20)
         subprocess.run(
             ["ip", "link", "set", self.worker_side, "master", BRIDGE, "up"],

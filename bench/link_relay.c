@@ -12,7 +12,10 @@
  * ranks is one delay apart each way. BITS_PER_S (0: none) spaces each direction's frames
  * as a cable of that rate would. Waits are ppoll timeouts with a 1 ns timer slack, so the
  * relay sleeps between frames; its own added latency is measured by the caller and
- * reported beside the delay. Prints "ready" once both sockets are bound; SIGTERM ends it.
+ * reported beside the delay. A frame the socket cannot take yet (EAGAIN, ENOBUFS) waits
+ * for POLLOUT, where it was lost unseen (each loss costs TCP a loss probe of 10 ms or
+ * more); frames between workers queue as well instead of a send that could fail. Prints
+ * "ready" once both sockets are bound; SIGTERM ends it, and it prints what it dropped.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -34,6 +37,7 @@
 #define FRAME_BYTES (65536 + 64) /* a GSO super-frame and its virtio header */
 #define QUEUE 16384             /* frames held per direction */
 #define VNET_HDR 10             /* struct virtio_net_hdr */
+#define SOCKET_BYTES (8 << 20)  /* each socket's buffers: a burst of super-frames fits */
 
 #ifndef PACKET_VNET_HDR
 #define PACKET_VNET_HDR 15
@@ -53,7 +57,7 @@ struct queue {
 };
 
 static volatile sig_atomic_t stopping;
-static struct queue towards_bridge, towards_worker;
+static struct queue towards_bridge, towards_worker, passing; /* passing: other workers' */
 
 static void on_term(int sig) {
     (void)sig;
@@ -69,8 +73,12 @@ static uint64_t now_ns(void) {
 static int packet_socket(const char *name) {
     int fd = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK, htons(ETH_P_ALL));
     if (fd < 0) return -1;
-    int on = 1;
+    int on = 1, bytes = SOCKET_BYTES;
     if (setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &on, sizeof on) < 0) return -1;
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
     struct sockaddr_ll where = {0};
     where.sll_family = AF_PACKET;
     where.sll_protocol = htons(ETH_P_ALL);
@@ -99,14 +107,19 @@ static void hold(struct queue *q, const unsigned char *data, size_t len, uint64_
     q->count++;
 }
 
-static void release(struct queue *q, int fd, uint64_t now) {
+/* Send the frames that are due; 1 where the socket is full (the rest wait for POLLOUT). */
+static int release(struct queue *q, int fd, uint64_t now) {
     while (q->count && q->items[q->head].due <= now) {
         struct frame *f = &q->items[q->head];
-        if (send(fd, f->data, f->len, 0) < 0 && errno != EAGAIN && errno != ENOBUFS) q->dropped++;
+        if (send(fd, f->data, f->len, 0) < 0) {
+            if (errno == EAGAIN || errno == ENOBUFS) return 1;
+            q->dropped++;
+        }
         free(f->data);
         q->head = (q->head + 1) % QUEUE;
         q->count--;
     }
+    return 0;
 }
 
 /* The IPv4 source of an Ethernet frame after its virtio header, or 0. */
@@ -119,11 +132,16 @@ static uint32_t source_ipv4(const unsigned char *data, size_t len) {
     return address;
 }
 
-static int next_wait(struct timespec *out, uint64_t now) {
-    uint64_t due = UINT64_MAX;
-    if (towards_bridge.count) due = towards_bridge.items[towards_bridge.head].due;
-    if (towards_worker.count && towards_worker.items[towards_worker.head].due < due)
-        due = towards_worker.items[towards_worker.head].due;
+static uint64_t head_due(const struct queue *q) {
+    return q->count ? q->items[q->head].due : UINT64_MAX;
+}
+
+/* The wait until the next frame is due, of the queues whose socket takes frames (`full`
+ * per side: a full socket's queue waits for POLLOUT instead). */
+static int next_wait(struct timespec *out, uint64_t now, const int full[2]) {
+    uint64_t due = full[1] ? UINT64_MAX : head_due(&towards_bridge);
+    if (!full[0] && head_due(&towards_worker) < due) due = head_due(&towards_worker);
+    if (!full[0] && head_due(&passing) < due) due = head_due(&passing);
     if (due == UINT64_MAX) return 0;
     uint64_t wait = due > now ? due - now : 0;
     out->tv_sec = (time_t)(wait / 1000000000ull);
@@ -155,9 +173,11 @@ int main(int argc, char **argv) {
     fflush(stdout);
     static unsigned char buffer[FRAME_BYTES];
     struct pollfd fds[2] = {{.fd = worker, .events = POLLIN}, {.fd = bridge, .events = POLLIN}};
+    int full[2] = {0, 0}; /* a socket that refused a frame: wait until it takes more */
     while (!stopping) {
         struct timespec wait;
-        int timed = next_wait(&wait, now_ns());
+        int timed = next_wait(&wait, now_ns(), full);
+        for (int i = 0; i < 2; i++) fds[i].events = POLLIN | (full[i] ? POLLOUT : 0);
         if (ppoll(fds, 2, timed ? &wait : NULL, NULL) < 0 && errno != EINTR) break;
         for (int i = 0; i < 2; i++) {
             if (!(fds[i].revents & POLLIN)) continue;
@@ -174,15 +194,23 @@ int main(int argc, char **argv) {
                 } else if (source_ipv4(buffer, (size_t)len) == leader.s_addr) {
                     hold(&towards_worker, buffer, (size_t)len, now + delay, ns_per_byte);
                 } else {
-                    send(worker, buffer, (size_t)len, 0);
+                    hold(&passing, buffer, (size_t)len, now, 0);
                 }
             }
         }
         uint64_t now = now_ns();
-        release(&towards_bridge, bridge, now);
-        release(&towards_worker, worker, now);
+        full[1] = release(&towards_bridge, bridge, now);
+        full[0] = release(&towards_worker, worker, now) || release(&passing, worker, now);
     }
-    fprintf(stderr, "dropped %llu towards the bridge, %llu towards the worker\n",
-            (unsigned long long)towards_bridge.dropped, (unsigned long long)towards_worker.dropped);
+    struct tpacket_stats seen[2];
+    for (int i = 0; i < 2; i++) {
+        socklen_t size = sizeof seen[i];
+        if (getsockopt(fds[i].fd, SOL_PACKET, PACKET_STATISTICS, &seen[i], &size) < 0)
+            seen[i].tp_drops = 0;
+    }
+    fprintf(stderr, "dropped %llu towards the bridge, %llu towards the worker, %u on receipt\n",
+            (unsigned long long)towards_bridge.dropped,
+            (unsigned long long)(towards_worker.dropped + passing.dropped),
+            seen[0].tp_drops + seen[1].tp_drops);
     return 0;
 }
