@@ -37,7 +37,7 @@ import numpy as np
 from bench.step_model import model_of
 from bench.step_time import run_batch
 from distributed.machine_probe import this_cpu
-from distributed.step_model import Speed, predict
+from distributed.step_model import predict
 from distributed.step_overhead import Overhead, cpu_overhead
 from launcher.local_cluster import Cluster
 
@@ -68,7 +68,7 @@ def calibrate(
         status = report["model"]
         bare = Overhead(step_ms, layer_ms, row_layer_ms, "fixed part")
         machines = tuple(replace(m, overhead=bare) for m in model.speed.machines)
-        speed = Speed(machines, model.speed.link, model.speed.crowding, model.speed.rates_shared)
+        speed = replace(model.speed, machines=machines)
         layers = model.work.ranks[0].layers
         for key, measured in status["measured_decode_ms"].items():
             context = status["decode_context"][key]

@@ -30,8 +30,9 @@ from distributed.plan import Plan, resolve_weights
 from distributed.plan_speed import choose_plan, split_kind
 from distributed.plan_text import describe
 from distributed.rank_share import ShareMismatch, load_share, share_key
+from distributed.speed_records import describe_speed
 from distributed.splitting import Progress, materialize, split_model, weight_bytes
-from distributed.step_model import Speed, describe_speed
+from distributed.step_model import Speed
 from distributed.step_probe import measure_speed, steadier
 from distributed.watchdog import EvalGuard
 

@@ -1,7 +1,7 @@
 """What the ranks tell each other of their machines and the link, and what status keeps:
 a measured Machine or Speed as a JSON record and back, every rank's record gathered in one
 all_gather, ranks on one host merged into one machine (distributed/step_probe.py measures
-them)."""
+them), and a Speed as a log line."""
 
 from __future__ import annotations
 
@@ -95,17 +95,21 @@ def speed_record(speed: Speed) -> dict[str, Any]:
         ],
         "crowding": list(speed.crowding),
         "rates_shared": speed.rates_shared,
+        "crowded": [speed.crowded_hop_ms, speed.crowded_ms_per_mb],
     }
 
 
 def speed_from_record(record: dict[str, Any]) -> Speed:
     name, latency, rate, topology, *bulk = record["link"]  # records before the bulk: 4
     bulk_bytes, bulk_gb_s = (float(b) for b in bulk) if bulk else (0.0, 0.0)
+    hop_ms, ms_per_mb = (float(f) for f in record.get("crowded", (0.0, 0.0)))
     return Speed(
         tuple(machine_from_record(m) for m in record["machines"]),
         Link(name, float(latency), float(rate), topology, "recorded", bulk_bytes, bulk_gb_s),
         tuple(record.get("crowding", ())),
         bool(record.get("rates_shared", False)),
+        hop_ms,
+        ms_per_mb,
     )
 
 
@@ -136,3 +140,22 @@ def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
     return tuple(
         sum(1 for other in hosts if other.host == host.host) / max(1, host.cores) for host in hosts
     )
+
+
+def describe_speed(speed: Speed) -> str:
+    """One log line: each machine's rates and the link's cost."""
+    parts = []
+    for rank, m in enumerate(speed.machines):
+        if m.rates:
+            rates = dict(m.rates)
+            parts.append(
+                f"rank {rank} {m.name}: {rates.get(1, 0) / 1e6:.1f} GB/s at 1 row, "
+                f"{rates.get(8, 0) / 1e6:.1f} at 8, {m.flops_per_ms / 1e6:.0f} GFLOP/s"
+            )
+        elif m.chip is not None:
+            parts.append(
+                f"rank {rank} {m.name}: {m.chip.bandwidth_gb_s:g} GB/s, {m.chip.gpu_tflops:g} "
+                "TFLOPS (specified)"
+            )
+    parts.append(f"link {speed.link.name}: {speed.link.describe()}")
+    return "step-time model: " + "; ".join(parts)

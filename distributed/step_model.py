@@ -11,7 +11,8 @@
 - collectives: the plan's (distributed/step_work.py: count and bytes) at the link's cost,
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Where ranks outnumber their host's cores, each hop of a
-  collective also waits for the scheduler to run the rank it needs (by the CPU), and
+  collective also waits for the scheduler to run the rank it needs (by the CPU, or more
+  where timed at start between work the ranks do at once; a pipeline's by the CPU), and
   a large one again as its bytes pass (CROWDED_MS_PER_MB).
 - overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
   and on a CPU by the CPU, the cores a rank has while it computes and whether its step is
@@ -124,8 +125,10 @@ class Speed:
     machines: tuple[Machine, ...]
     link: Link
     crowding: tuple[float, ...] = ()
-    # measured at start, the rates already include the ranks' sharing of the cores
-    rates_shared: bool = False
+    rates_shared: bool = False  # measured at start: the rates include the cores' sharing
+    # a crowded host's waits timed at start (distributed/step_probe.py); 0: not timed
+    crowded_hop_ms: float = 0.0
+    crowded_ms_per_mb: float = 0.0
 
     def crowd(self, rank: int) -> float:
         """How many times over the rank's host's cores are taken (at least 1)."""
@@ -308,13 +311,15 @@ def predict(
         compute, overhead = max(computes), max(overheads)
     talk, count = 0.0, 0
     crowded = max(speed.crowding or (1.0,)) > 1.0
-    hop_ms = cpu_kinds(speed.machines[0].cpu).crowded_hop_ms
+    fitted = cpu_kinds(speed.machines[0].cpu).crowded_hop_ms  # the least (step_probe.py)
+    hop_ms = max(fitted, speed.crowded_hop_ms) if at_once else fitted
+    per_mb = max(CROWDED_MS_PER_MB, speed.crowded_ms_per_mb) if at_once else CROWDED_MS_PER_MB
     for c in work.collectives:
         nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)
         each = speed.link.ms(c.kind, nbytes, work.world)
         if crowded:
             hops, moved = speed.link.traffic(c.kind, nbytes, work.world)
-            each += hop_ms * hops + CROWDED_MS_PER_MB * moved / 1e6
+            each += hop_ms * hops + per_mb * moved / 1e6
         talk += c.count * each
         count += c.count
     return StepTime(
@@ -377,23 +382,3 @@ class ClusterModel:
 
 
 FAR = 8192  # the context of the second prediction of a line
-
-
-def describe_speed(speed: Speed) -> str:
-    """One log line: each machine's rates and the link's cost."""
-    parts = []
-    for rank, m in enumerate(speed.machines):
-        if m.rates:
-            rates = dict(m.rates)
-            parts.append(
-                f"rank {rank} {m.name}: {rates.get(1, 0) / 1e6:.1f} GB/s at 1 row, "
-                f"{rates.get(8, 0) / 1e6:.1f} at 8, {m.flops_per_ms / 1e6:.0f} GFLOP/s"
-            )
-        elif m.chip is not None:
-            parts.append(
-                f"rank {rank} {m.name}: {m.chip.bandwidth_gb_s:g} GB/s, {m.chip.gpu_tflops:g} "
-                "TFLOPS (specified)"
-            )
-    link = speed.link
-    parts.append(f"link {link.name}: {link.describe()}")
-    return "step-time model: " + "; ".join(parts)

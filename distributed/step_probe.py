@@ -11,6 +11,9 @@ ranks (distributed/step_model.py), in about a second (a few where a CPU's cache 
   each size's cheaper time, and a second cost per byte past PREFILL_ROWS (`LinkTimes`).
   A row's all_sum is also timed as a step meets it, in one graph between pieces of work,
   and the fixed cost is what that costs where it costs more than back to back.
+- Crowded ranks (more than their one host's cores): no link probe (it would time the
+  scheduler's turns); the loopback's figure instead, and the waits for the scheduler a
+  hop and a MB of a collective costs them, timed between work they do at once.
 
 One all_gather then gives every rank every rank's figures, so every rank plans from the
 same numbers (PARALLELISM=auto, distributed/plan_speed.py).
@@ -36,7 +39,7 @@ from distributed.hosts import RankHost
 from distributed.machine_probe import PREFILL_ROWS, median_ms, probe_machine
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, machine_record, per_host
-from distributed.step_model import Speed
+from distributed.step_model import CROWDED_MS_PER_MB, Speed
 
 log = logging.getLogger("ring.plan")
 LINK_REPEATS = 12
@@ -53,6 +56,18 @@ BULK_REPEATS = 4
 # than the back-to-back figure predicted. Over the loopback the two agree (0.04-0.07 ms).
 STEP_CHAIN = 32
 STEP_CHAINS = 5
+# Ranks outnumbering their host's cores wait for the scheduler at each hop of a collective
+# and again for each MB it moves; the CPU's fitted figures (step_overhead.py, step_model.py)
+# are the least they wait. A link adds to it: the ranks poll their sockets while they wait
+# (MLX's ring), so a longer hop keeps a core polling. So the waits are timed at start as a
+# step of ranks working at once meets them (`crowded_waits`), and a tensor or expert split
+# pays the larger of each. Through the bench's relay at 150 us, 3 ranks of the tensor split
+# on the Xeon's 2 cores timed 10.2-10.5 ms a hop and 19.8-22.8 a MB (fitted: 1.9 and 8.5),
+# their steps -9% / -11% at 1 client (-82% on the fitted figures). Over the loopback the chain
+# reads 0.65-2.05 ms where the steps waited 1.9-2.9 (at start the ranks are alone on the
+# cores; serving, the API process and its clients take turns too): the fitted figure
+# stands there. docs/BENCHMARKS.md, "Crowded ranks time their waits at start".
+CROWDED_PASSES = 3
 MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 
 
@@ -125,11 +140,15 @@ def _cheaper(
     return mine if mine is None or theirs is None else (mine[0], min(mine[1], theirs[1]))
 
 
+def _dtype(activation_bytes: int) -> mx.Dtype:
+    return {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
+
+
 def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes: int) -> LinkTimes:
     """All_sums of a step's sizes (the step plan, the hidden state of 1 to PREFILL_ROWS
     rows), each timed LINK_REPEATS times, a prefill chunk's (BULK_ROWS) BULK_REPEATS
     times, and a row's amid a step's work (STEP_CHAIN)."""
-    dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
+    dtype = _dtype(activation_bytes)
     rows = [(count, LINK_REPEATS) for count in (1, 8, 16, PREFILL_ROWS)]
     arrays = [(mx.zeros((4096,), dtype=mx.uint8), LINK_REPEATS)] + [
         (mx.zeros((count, shape.hidden_size), dtype=dtype), repeats)
@@ -164,6 +183,54 @@ def _in_step_ms(group: mx.distributed.Group, hidden: int, dtype: mx.Dtype) -> tu
     synced = median_ms(lambda: chain(True), STEP_CHAINS)
     alone = median_ms(lambda: chain(False), STEP_CHAINS)
     return row.nbytes, max(0.0, synced - alone) / STEP_CHAIN
+
+
+def crowded_waits(
+    group: mx.distributed.Group, shape: ModelShape, dtype: mx.Dtype
+) -> tuple[float, float]:
+    """What ranks that outnumber their host's cores wait beyond the loopback's figure: a
+    hop of a row's all_sum (CROWDED_PASSES), and a MB of a prefill chunk's (BULK_ROWS)."""
+    ranks, hidden = group.size(), shape.hidden_size
+    layer = 4 * hidden * hidden + 3 * hidden * shape.intermediate_size
+    width = max(1, layer // ranks // 2 // hidden)
+    weight = mx.full((hidden, width), 1.0 / hidden, dtype=dtype)
+    back = mx.full((width, hidden), 1.0 / width, dtype=dtype)
+    row = mx.full((1, hidden), 0.5, dtype=dtype)
+    chunk = mx.zeros((BULK_ROWS, hidden), dtype=dtype)
+    mx.eval(weight, back, row, chunk)
+
+    def chain(synced: bool) -> None:
+        y = row
+        for _ in range(STEP_CHAIN):
+            y = mx.tanh(y @ weight) @ back
+            y = mx.distributed.all_sum(y, group=group) if synced else y * 0.5
+        mx.eval(y)
+
+    waits = sorted(
+        (median_ms(lambda: chain(True), STEP_CHAINS) - median_ms(lambda: chain(False), STEP_CHAINS))
+        / STEP_CHAIN
+        for _ in range(CROWDED_PASSES)
+    )
+    hop = hop_wait_ms(waits[len(waits) // 2], row.nbytes, ranks)
+    bulk = median_ms(lambda: mx.eval(mx.distributed.all_sum(chunk, group=group)), BULK_REPEATS)
+    return hop, ms_per_mb_beyond(bulk, chunk.nbytes, ranks, hop)
+
+
+def hop_wait_ms(collective_ms: float, nbytes: int, ranks: int) -> float:
+    """A crowded all_sum's ms less what the model gives it apart from the hops' waits (the
+    loopback's figure, its bytes' turns), over its hops: each hop's wait."""
+    local = link_named("ring-local")
+    hops, moved = local.traffic("all_sum", nbytes, ranks)
+    beyond = collective_ms - local.all_sum_ms(nbytes, ranks) - CROWDED_MS_PER_MB * moved / 1e6
+    return max(0.0, beyond) / max(1, hops)
+
+
+def ms_per_mb_beyond(collective_ms: float, nbytes: int, ranks: int, hop_ms: float) -> float:
+    """A crowded all_sum's ms less the loopback's figure and its hops' waits, a MB moved."""
+    local = link_named("ring-local")
+    hops, moved = local.traffic("all_sum", nbytes, ranks)
+    beyond = collective_ms - local.all_sum_ms(nbytes, ranks) - hops * hop_ms
+    return max(0.0, beyond) / (moved / 1e6) if moved else 0.0
 
 
 # ---- every rank's figures -----------------------------------------------------------------
@@ -235,10 +302,20 @@ def measure_speed(
     mine: dict[str, Any] = {"machine": machine_record(machine)}
     if link is not None:
         mine["link"] = [link.latency_us, link.gb_s, link.bulk_bytes, link.bulk_gb_s]
+    if crowded:
+        mine["crowded"] = crowded_waits(group, shape, _dtype(activation_bytes))
     records = all_records(group, mine)
     machines = per_host(records, hosts)
+    hop_ms = ms_per_mb = 0.0
     if crowded:
         link = crowded_link(ranks, hosts[0].cores)
+        hop_ms = sum(r["crowded"][0] for r in records) / len(records)
+        ms_per_mb = sum(r["crowded"][1] for r in records) / len(records)
+        log.info(
+            "crowded ranks, timed between work they do at once: %.1f ms a hop, %.1f a MB",
+            hop_ms,
+            ms_per_mb,
+        )
     elif link is None:
         link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
     else:  # every rank timed the same all_sums: their mean, the same on every rank
@@ -248,7 +325,7 @@ def measure_speed(
         bulk = sum(bulks) / len(bulks) if min(bulks) > 0 else 0.0
         past = records[0]["link"][2] if bulk else 0.0
         link = replace(link, latency_us=latency, gb_s=rate, bulk_bytes=past, bulk_gb_s=bulk)
-    return Speed(machines, link, crowding, rates_shared=True)
+    return Speed(machines, link, crowding, True, hop_ms, ms_per_mb)
 
 
 def crowded_link(ranks: int, cores: int) -> Link:

@@ -15,8 +15,8 @@ import statistics
 from collections import deque
 
 from distributed.expert_load import ExpertLoad, busiest_share
-from distributed.speed_records import speed_record
-from distributed.step_model import ClusterModel, describe_speed
+from distributed.speed_records import describe_speed, speed_record
+from distributed.step_model import ClusterModel
 from distributed.step_work import PlanWork
 from ipc.status import StepModelStatus
 

@@ -6,6 +6,7 @@ here."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -16,11 +17,19 @@ import pytest
 
 from distributed.chips import Link, link_named
 from distributed.hosts import RankHost, largest_cache_bytes
+from distributed.model_shape import ModelShape
 from distributed.plan import make_plan
-from distributed.speed_records import crowding_of
+from distributed.speed_records import crowding_of, speed_from_record, speed_record
 from distributed.step_model import CROWDED_MS_PER_MB, Speed, predict
 from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, EPYC, XEON, cpu_overhead
-from distributed.step_probe import LinkTimes, crowded_link, steadier
+from distributed.step_probe import (
+    LinkTimes,
+    crowded_link,
+    crowded_waits,
+    hop_wait_ms,
+    ms_per_mb_beyond,
+    steadier,
+)
 from distributed.step_work import PlanWork, plan_work
 from tests.support.family_configs import CONFIGS
 from tests.support.step_machines import LINK, SMOL, flat
@@ -79,6 +88,47 @@ def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> No
     # ranks on hosts of their own: nobody waits
     apart = predict(work, Speed((flat(),) * 3, LINK, crowding=(0.5,) * 3), 1)
     assert apart.collective_ms == pytest.approx(alone.collective_ms)
+
+
+def test_crowded_waits_timed_longer_at_start_price_the_splits_that_work_at_once() -> None:
+    """A hop's wait and a MB's timed at start (between work all ranks do at once) over the
+    CPU's figures price a tensor split's collectives, ones under them leave the CPU's; a
+    pipeline's stages work in turn and keep the CPU's; the timed figures survive the
+    speed's record (status, bench/step_model.py)."""
+    fitted = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3)
+    hop, per_mb = XEON.crowded_hop_ms, CROWDED_MS_PER_MB
+    cases = [("tensor", (7.0, 30.0), (7.0, 30.0)), ("tensor", (0.5, 1.0), (hop, per_mb))]
+    cases += [("pipeline", (7.0, 30.0), (hop, per_mb))]
+    for strategy, (timed_hop, timed_mb), (want_hop, want_mb) in cases:
+        timed = replace(fitted, crowded_hop_ms=timed_hop, crowded_ms_per_mb=timed_mb)
+        work = plan_work(make_plan(SMOL, 3, None, strategy), 4)
+        hops = moved = 0.0
+        for c in work.collectives:
+            each = LINK.traffic(c.kind, c.nbytes(1), 3)
+            hops, moved = hops + c.count * each[0], moved + c.count * each[1]
+        gap = predict(work, timed, 1).collective_ms - predict(work, fitted, 1).collective_ms
+        assert gap == pytest.approx(hops * (want_hop - hop) + moved / 1e6 * (want_mb - per_mb))
+    timed = replace(fitted, crowded_hop_ms=7.0, crowded_ms_per_mb=30.0)
+    again = speed_from_record(speed_record(timed))
+    assert (again.crowded_hop_ms, again.crowded_ms_per_mb) == (7.0, 30.0)
+    assert speed_from_record(speed_record(fitted)).crowded_hop_ms == 0.0
+
+
+def test_each_hops_and_mbs_wait_is_read_back_from_a_crowded_all_sums_time() -> None:
+    """What the model adds to a crowded all_sum for its hops and its bytes, read back from
+    its time; the probe itself runs at a model's shape (one rank: nothing to wait for)."""
+    import mlx.core as mx
+
+    local, row, chunk = link_named("ring-local"), 576 * 4, 1024 * 576 * 4
+    hops, moved = local.traffic("all_sum", row, 3)
+    timed = local.all_sum_ms(row, 3) + hops * 2.5 + CROWDED_MS_PER_MB * moved / 1e6
+    assert hop_wait_ms(timed, row, 3) == pytest.approx(2.5)
+    assert hop_wait_ms(0.01, row, 3) == 0.0  # faster than the loopback: no wait
+    hops, moved = local.traffic("all_sum", chunk, 3)
+    timed = local.all_sum_ms(chunk, 3) + hops * 2.5 + 20.0 * moved / 1e6
+    assert ms_per_mb_beyond(timed, chunk, 3, 2.5) == pytest.approx(20.0)
+    alone = crowded_waits(mx.distributed.init(), ModelShape.from_config(SMOL), mx.float32)
+    assert all(f >= 0.0 and math.isfinite(f) for f in alone)
 
 
 def test_a_crowded_host_takes_the_loopback_from_its_table() -> None:
