@@ -42,6 +42,7 @@ def _connect(address: str, port: int) -> socket.socket:
 def _accept(listener: socket.socket) -> socket.socket:
     sock, _ = listener.accept()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(30)  # a frame lost for good ends the run instead of hanging it
     return sock
 
 
@@ -60,6 +61,7 @@ def rank(me: int, addresses: list[str], rounds: int, nbytes: int) -> list[float]
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((addresses[me], port))
         listener.listen(1)
+        listener.settimeout(60)
         listeners.append(listener)
     right = _connect(addresses[(me + 1) % count], PORT)
     left = _connect(addresses[(me - 1) % count], PORT + 1)
@@ -87,7 +89,7 @@ def _summary(times: list[float]) -> dict[str, float]:
     }
 
 
-def _ring(hosts: NetnsHosts, addresses: list[str], rounds: int, nbytes: int) -> dict[str, float]:
+def ring(hosts: NetnsHosts, addresses: list[str], rounds: int, nbytes: int) -> dict[str, float]:
     """Every worker's process started in its namespace, process 0 here; rank 0's rounds."""
     args = [",".join(addresses), str(rounds), str(nbytes)]
     others = [
@@ -123,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     hosts = NetnsHosts(count=args.ranks - 1).up()
     try:
         addresses = [GATEWAY] + [w.address for w in hosts.workers]
-        plain = _ring(hosts, addresses, args.rounds, args.bytes)
+        plain = ring(hosts, addresses, args.rounds, args.bytes)
         print(json.dumps({"link": "bridge", "ranks": args.ranks, **plain}), flush=True)
         with DelayedLinks(hosts, args.delay_us, args.gbps) as links:
-            relayed = _ring(hosts, addresses, args.rounds, args.bytes)
+            relayed = ring(hosts, addresses, args.rounds, args.bytes)
             print(json.dumps({"link": "relay", **links.report, **relayed}), flush=True)
     finally:
         hosts.down()

@@ -36,3 +36,26 @@ def test_the_relay_adds_its_delay_each_way_and_little_of_its_own() -> None:
     # 300 us each way, on top of the plain bridge's round trip
     assert delayed > report["round_trip_direct_us"] + 2 * 300 * 0.9, report
     assert after < delayed - 400, (after, delayed)
+
+
+def test_a_ring_all_sums_traffic_crosses_the_relays_between_workers_too() -> None:
+    """bench/relay_ring.py at 3 ranks: frames between the two workers pass both relays
+    (their queue for frames from other workers), so each of a round's 4 steps crosses at
+    least one delay, and the round takes longer than the 4 delays on top of the bridge's."""
+    reason = netns_hosts.unavailable() or (
+        None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (apt-get install gcc)"
+    )
+    if reason:
+        pytest.skip(f"the delayed link needs namespaced hosts and a C compiler: {reason}")
+    from bench.delayed_link import DelayedLinks
+    from bench.relay_ring import GATEWAY, ring
+
+    hosts = netns_hosts.NetnsHosts(count=2).up()
+    try:
+        addresses = [GATEWAY] + [w.address for w in hosts.workers]
+        bridge = ring(hosts, addresses, rounds=60, nbytes=4096)
+        with DelayedLinks(hosts, delay_us=300):
+            relayed = ring(hosts, addresses, rounds=60, nbytes=4096)
+    finally:
+        hosts.down()
+    assert relayed["median_ms"] > bridge["median_ms"] + 4 * 0.3 * 0.9, (bridge, relayed)
