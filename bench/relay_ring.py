@@ -92,14 +92,15 @@ def _summary(times: list[float]) -> dict[str, float]:
 def ring(hosts: NetnsHosts, addresses: list[str], rounds: int, nbytes: int) -> dict[str, float]:
     """Every worker's process started in its namespace, process 0 here; rank 0's rounds."""
     args = [",".join(addresses), str(rounds), str(nbytes)]
-    others = [
-        subprocess.Popen(
-            ["nsenter", "-t", str(w.sshd.pid), "-n", sys.executable, "-m", "bench.relay_ring"]
-            + ["--rank", str(i + 1), "--addresses", *args]
+    others = []
+    for i, worker in enumerate(hosts.workers):
+        assert worker.sshd is not None, f"{worker.netns} has no sshd"  # up() starts them
+        others.append(
+            subprocess.Popen(
+                ["nsenter", "-t", str(worker.sshd.pid), "-n", sys.executable]
+                + ["-m", "bench.relay_ring", "--rank", str(i + 1), "--addresses", *args]
+            )
         )
-        for i, w in enumerate(hosts.workers)
-        if w.sshd is not None
-    ]
     try:
         return _summary(rank(0, addresses, rounds, nbytes))
     finally:

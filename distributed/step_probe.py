@@ -219,18 +219,21 @@ def crowded_waits(
 def hop_wait_ms(collective_ms: float, nbytes: int, ranks: int) -> float:
     """A crowded all_sum's ms less what the model gives it apart from the hops' waits (the
     loopback's figure, its bytes' turns), over its hops: each hop's wait."""
-    local = link_named("ring-local")
-    hops, moved = local.traffic("all_sum", nbytes, ranks)
-    beyond = collective_ms - local.all_sum_ms(nbytes, ranks) - CROWDED_MS_PER_MB * moved / 1e6
-    return max(0.0, beyond) / max(1, hops)
+    beyond, hops, moved = _over_loopback(collective_ms, nbytes, ranks)
+    return max(0.0, beyond - CROWDED_MS_PER_MB * moved / 1e6) / max(1, hops)
 
 
 def ms_per_mb_beyond(collective_ms: float, nbytes: int, ranks: int, hop_ms: float) -> float:
     """A crowded all_sum's ms less the loopback's figure and its hops' waits, a MB moved."""
+    beyond, hops, moved = _over_loopback(collective_ms, nbytes, ranks)
+    return max(0.0, beyond - hops * hop_ms) / (moved / 1e6) if moved else 0.0
+
+
+def _over_loopback(collective_ms: float, nbytes: int, ranks: int) -> tuple[float, int, float]:
+    """An all_sum's ms beyond the loopback's figure for it, its hops and the bytes it moves."""
     local = link_named("ring-local")
     hops, moved = local.traffic("all_sum", nbytes, ranks)
-    beyond = collective_ms - local.all_sum_ms(nbytes, ranks) - hops * hop_ms
-    return max(0.0, beyond) / (moved / 1e6) if moved else 0.0
+    return collective_ms - local.all_sum_ms(nbytes, ranks), hops, moved
 
 
 # ---- every rank's figures -----------------------------------------------------------------

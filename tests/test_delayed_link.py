@@ -15,12 +15,16 @@ from tests.support import netns_hosts
 pytestmark = [pytest.mark.cluster]
 
 
-def test_the_relay_adds_its_delay_each_way_and_little_of_its_own() -> None:
+def _skip_without_a_relay() -> None:
     reason = netns_hosts.unavailable() or (
         None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (apt-get install gcc)"
     )
     if reason:
         pytest.skip(f"the delayed link needs namespaced hosts and a C compiler: {reason}")
+
+
+def test_the_relay_adds_its_delay_each_way_and_little_of_its_own() -> None:
+    _skip_without_a_relay()
     from bench.delayed_link import DelayedLinks, round_trip_us
 
     hosts = netns_hosts.NetnsHosts(count=1).up()
@@ -42,11 +46,7 @@ def test_a_ring_all_sums_traffic_crosses_the_relays_between_workers_too() -> Non
     """bench/relay_ring.py at 3 ranks: frames between the two workers pass both relays
     (their queue for frames from other workers), so each of a round's 4 steps crosses at
     least one delay, and the round takes longer than the 4 delays on top of the bridge's."""
-    reason = netns_hosts.unavailable() or (
-        None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (apt-get install gcc)"
-    )
-    if reason:
-        pytest.skip(f"the delayed link needs namespaced hosts and a C compiler: {reason}")
+    _skip_without_a_relay()
     from bench.delayed_link import DelayedLinks
     from bench.relay_ring import GATEWAY, ring
 
