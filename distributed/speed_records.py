@@ -95,14 +95,17 @@ def speed_record(speed: Speed) -> dict[str, Any]:
         ],
         "crowding": list(speed.crowding),
         "rates_shared": speed.rates_shared,
-        "crowded": [speed.crowded_hop_ms, speed.crowded_ms_per_mb],
+        "crowded": [speed.crowded_hop_ms, speed.crowded_ms_per_mb, speed.pipeline_hop_ms],
     }
 
 
 def speed_from_record(record: dict[str, Any]) -> Speed:
     name, latency, rate, topology, *bulk = record["link"]  # records before the bulk: 4
     bulk_bytes, bulk_gb_s = (float(b) for b in bulk) if bulk else (0.0, 0.0)
-    hop_ms, ms_per_mb = (float(f) for f in record.get("crowded", (0.0, 0.0)))
+    # records before 2026-12-02 kept two figures, and none before 2026-12-01
+    hop_ms, ms_per_mb, pipeline_hop_ms, *_ = (
+        float(f) for f in [*record.get("crowded", ()), 0.0, 0.0, 0.0]
+    )
     return Speed(
         tuple(machine_from_record(m) for m in record["machines"]),
         Link(name, float(latency), float(rate), topology, "recorded", bulk_bytes, bulk_gb_s),
@@ -110,6 +113,7 @@ def speed_from_record(record: dict[str, Any]) -> Speed:
         bool(record.get("rates_shared", False)),
         hop_ms,
         ms_per_mb,
+        pipeline_hop_ms,
     )
 
 

@@ -12,8 +12,9 @@
   measured at start (distributed/step_probe.py) or from the link's table
   (distributed/chips.py). Where ranks outnumber their host's cores, each hop of a
   collective also waits for the scheduler to run the rank it needs (by the CPU, or more
-  where timed at start between work the ranks do at once; a pipeline's by the CPU), and
-  a large one again as its bytes pass (CROWDED_MS_PER_MB).
+  where timed at start in the split's own pattern: between work the ranks do at once, or
+  a pipeline's stages in turn), and a large one again as its bytes pass
+  (CROWDED_MS_PER_MB).
 - overhead: what no weight causes (distributed/step_overhead.py), by the kind of device,
   and on a CPU by the CPU, the cores a rank has while it computes and whether its step is
   compiled.
@@ -129,6 +130,7 @@ class Speed:
     # a crowded host's waits timed at start (distributed/step_probe.py); 0: not timed
     crowded_hop_ms: float = 0.0
     crowded_ms_per_mb: float = 0.0
+    pipeline_hop_ms: float = 0.0  # a hop's wait as a pipeline's steps meet it
 
     def crowd(self, rank: int) -> float:
         """How many times over the rank's host's cores are taken (at least 1)."""
@@ -312,7 +314,7 @@ def predict(
     talk, count = 0.0, 0
     crowded = max(speed.crowding or (1.0,)) > 1.0
     fitted = cpu_kinds(speed.machines[0].cpu).crowded_hop_ms  # the least (step_probe.py)
-    hop_ms = max(fitted, speed.crowded_hop_ms) if at_once else fitted
+    hop_ms = max(fitted, speed.crowded_hop_ms if at_once else speed.pipeline_hop_ms)
     per_mb = max(CROWDED_MS_PER_MB, speed.crowded_ms_per_mb) if at_once else CROWDED_MS_PER_MB
     for c in work.collectives:
         nbytes = c.nbytes(head_rows if c.what == "the head's logits" else rows)

@@ -13,7 +13,8 @@ ranks (distributed/step_model.py), in about a second (a few where a CPU's cache 
   and the fixed cost is what that costs where it costs more than back to back.
 - Crowded ranks (more than their one host's cores): no link probe (it would time the
   scheduler's turns); the loopback's figure instead, and the waits for the scheduler a
-  hop and a MB of a collective costs them, timed between work they do at once.
+  hop and a MB of a collective costs them, timed between work they do at once, and a
+  hop as a pipeline's stages meet it, working in turn.
 
 One all_gather then gives every rank every rank's figures, so every rank plans from the
 same numbers (PARALLELISM=auto, distributed/plan_speed.py).
@@ -35,11 +36,12 @@ import mlx.core as mx
 import numpy as np
 
 from distributed.chips import Link, collective_hops, link_named
+from distributed.crowded_probe import hop_wait_ms, ms_per_mb_beyond, pipeline_hop_ms
 from distributed.hosts import RankHost
 from distributed.machine_probe import PREFILL_ROWS, median_ms, probe_machine
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, machine_record, per_host
-from distributed.step_model import CROWDED_MS_PER_MB, Speed
+from distributed.step_model import Speed
 
 log = logging.getLogger("ring.plan")
 LINK_REPEATS = 12
@@ -61,12 +63,13 @@ STEP_CHAINS = 5
 # are the least they wait. A link adds to it: the ranks poll their sockets while they wait
 # (MLX's ring), so a longer hop keeps a core polling. So the waits are timed at start as a
 # step of ranks working at once meets them (`crowded_waits`), and a tensor or expert split
-# pays the larger of each. Through the bench's relay at 150 us, 3 ranks of the tensor split
-# on the Xeon's 2 cores timed 10.2-10.5 ms a hop and 19.8-22.8 a MB (fitted: 1.9 and 8.5),
-# their steps -9% / -11% at 1 client (-82% on the fitted figures). Over the loopback the chain
-# reads 0.65-2.05 ms where the steps waited 1.9-2.9 (at start the ranks are alone on the
-# cores; serving, the API process and its clients take turns too): the fitted figure
-# stands there. docs/BENCHMARKS.md, "Crowded ranks time their waits at start".
+# pays the larger of each (a pipeline's hops: distributed/crowded_probe.py). Through the
+# bench's relay at 150 us, 3 ranks of the tensor split on the Xeon's 2 cores timed
+# 10.2-10.5 ms a hop and 19.8-22.8 a MB (fitted: 1.9 and 8.5), their steps -9% / -11% at 1
+# client (-82% on the fitted figures). Over the loopback the chain reads 0.65-2.05 ms where
+# the steps waited 1.9-2.9 (at start the ranks are alone on the cores; serving, the API
+# process and its clients take turns too): the fitted figure stands there.
+# docs/BENCHMARKS.md, "Crowded ranks time their waits at start".
 CROWDED_PASSES = 3
 MIN_MS_PER_BYTE = 5e-8  # a link faster than 20 GB/s is taken to be 20 GB/s
 
@@ -187,9 +190,10 @@ def _in_step_ms(group: mx.distributed.Group, hidden: int, dtype: mx.Dtype) -> tu
 
 def crowded_waits(
     group: mx.distributed.Group, shape: ModelShape, dtype: mx.Dtype
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """What ranks that outnumber their host's cores wait beyond the loopback's figure: a
-    hop of a row's all_sum (CROWDED_PASSES), and a MB of a prefill chunk's (BULK_ROWS)."""
+    hop of a row's all_sum (CROWDED_PASSES), a MB of a prefill chunk's (BULK_ROWS), and a
+    hop of a pipeline's step (distributed/crowded_probe.py)."""
     ranks, hidden = group.size(), shape.hidden_size
     layer = 4 * hidden * hidden + 3 * hidden * shape.intermediate_size
     width = max(1, layer // ranks // 2 // hidden)
@@ -213,27 +217,8 @@ def crowded_waits(
     )
     hop = hop_wait_ms(waits[len(waits) // 2], row.nbytes, ranks)
     bulk = median_ms(lambda: mx.eval(mx.distributed.all_sum(chunk, group=group)), BULK_REPEATS)
-    return hop, ms_per_mb_beyond(bulk, chunk.nbytes, ranks, hop)
-
-
-def hop_wait_ms(collective_ms: float, nbytes: int, ranks: int) -> float:
-    """A crowded all_sum's ms less what the model gives it apart from the hops' waits (the
-    loopback's figure, its bytes' turns), over its hops: each hop's wait."""
-    beyond, hops, moved = _over_loopback(collective_ms, nbytes, ranks)
-    return max(0.0, beyond - CROWDED_MS_PER_MB * moved / 1e6) / max(1, hops)
-
-
-def ms_per_mb_beyond(collective_ms: float, nbytes: int, ranks: int, hop_ms: float) -> float:
-    """A crowded all_sum's ms less the loopback's figure and its hops' waits, a MB moved."""
-    beyond, hops, moved = _over_loopback(collective_ms, nbytes, ranks)
-    return max(0.0, beyond - hops * hop_ms) / (moved / 1e6) if moved else 0.0
-
-
-def _over_loopback(collective_ms: float, nbytes: int, ranks: int) -> tuple[float, int, float]:
-    """An all_sum's ms beyond the loopback's figure for it, its hops and the bytes it moves."""
-    local = link_named("ring-local")
-    hops, moved = local.traffic("all_sum", nbytes, ranks)
-    return collective_ms - local.all_sum_ms(nbytes, ranks), hops, moved
+    pipeline = pipeline_hop_ms(group, hidden, layer, shape.num_layers, dtype)
+    return hop, ms_per_mb_beyond(bulk, chunk.nbytes, ranks, hop), pipeline
 
 
 # ---- every rank's figures -----------------------------------------------------------------
@@ -309,15 +294,14 @@ def measure_speed(
         mine["crowded"] = crowded_waits(group, shape, _dtype(activation_bytes))
     records = all_records(group, mine)
     machines = per_host(records, hosts)
-    hop_ms = ms_per_mb = 0.0
+    waits = (0.0, 0.0, 0.0)
     if crowded:
         link = crowded_link(ranks, hosts[0].cores)
-        hop_ms = sum(r["crowded"][0] for r in records) / len(records)
-        ms_per_mb = sum(r["crowded"][1] for r in records) / len(records)
+        waits = tuple(sum(r["crowded"][i] for r in records) / len(records) for i in range(3))
         log.info(
-            "crowded ranks, timed between work they do at once: %.1f ms a hop, %.1f a MB",
-            hop_ms,
-            ms_per_mb,
+            "crowded ranks, timed between work they do at once: %.1f ms a hop, %.1f a MB;"
+            " in a pipeline's steps %.1f ms a hop",
+            *waits,
         )
     elif link is None:
         link = Link("none (one rank)", 0.0, 1.0, "ring", "one rank: no collectives")
@@ -328,7 +312,7 @@ def measure_speed(
         bulk = sum(bulks) / len(bulks) if min(bulks) > 0 else 0.0
         past = records[0]["link"][2] if bulk else 0.0
         link = replace(link, latency_us=latency, gb_s=rate, bulk_bytes=past, bulk_gb_s=bulk)
-    return Speed(machines, link, crowding, True, hop_ms, ms_per_mb)
+    return Speed(machines, link, crowding, True, *waits)
 
 
 def crowded_link(ranks: int, cores: int) -> Link:

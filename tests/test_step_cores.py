@@ -16,20 +16,14 @@ from pathlib import Path
 import pytest
 
 from distributed.chips import Link, link_named
+from distributed.crowded_probe import PLAN_BYTES, hop_wait_ms, ms_per_mb_beyond, pipeline_wait_ms
 from distributed.hosts import RankHost, largest_cache_bytes
 from distributed.model_shape import ModelShape
 from distributed.plan import make_plan
 from distributed.speed_records import crowding_of, speed_from_record, speed_record
 from distributed.step_model import CROWDED_MS_PER_MB, Speed, predict
 from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, EPYC, XEON, cpu_overhead
-from distributed.step_probe import (
-    LinkTimes,
-    crowded_link,
-    crowded_waits,
-    hop_wait_ms,
-    ms_per_mb_beyond,
-    steadier,
-)
+from distributed.step_probe import LinkTimes, crowded_link, crowded_waits, steadier
 from distributed.step_work import PlanWork, plan_work
 from tests.support.family_configs import CONFIGS
 from tests.support.step_machines import LINK, SMOL, flat
@@ -90,17 +84,24 @@ def test_ranks_that_outnumber_the_cores_wait_at_each_hop_of_a_collective() -> No
     assert apart.collective_ms == pytest.approx(alone.collective_ms)
 
 
-def test_crowded_waits_timed_longer_at_start_price_the_splits_that_work_at_once() -> None:
+def test_crowded_waits_timed_longer_at_start_price_each_split_by_its_own_pattern() -> None:
     """A hop's wait and a MB's timed at start (between work all ranks do at once) over the
     CPU's figures price a tensor split's collectives, ones under them leave the CPU's; a
-    pipeline's stages work in turn and keep the CPU's; the timed figures survive the
-    speed's record (status, bench/step_model.py)."""
+    pipeline's hops pay what its own pattern timed (its stages working in turn) where that
+    is more, and its MBs the CPU's; the timed figures survive the speed's record (status,
+    bench/step_model.py), and a record of before keeps what it held."""
     fitted = Speed((flat(),) * 3, LINK, crowding=(1.5,) * 3)
     hop, per_mb = XEON.crowded_hop_ms, CROWDED_MS_PER_MB
-    cases = [("tensor", (7.0, 30.0), (7.0, 30.0)), ("tensor", (0.5, 1.0), (hop, per_mb))]
-    cases += [("pipeline", (7.0, 30.0), (hop, per_mb))]
-    for strategy, (timed_hop, timed_mb), (want_hop, want_mb) in cases:
-        timed = replace(fitted, crowded_hop_ms=timed_hop, crowded_ms_per_mb=timed_mb)
+    cases = [("tensor", (7.0, 30.0, 1.0), (7.0, 30.0)), ("tensor", (0.5, 1.0, 9.0), (hop, per_mb))]
+    cases += [("pipeline", (7.0, 30.0, 4.0), (4.0, per_mb))]
+    cases += [("pipeline", (7.0, 30.0, 0.5), (hop, per_mb))]
+    for strategy, (timed_hop, timed_mb, timed_pipe), (want_hop, want_mb) in cases:
+        timed = replace(
+            fitted,
+            crowded_hop_ms=timed_hop,
+            crowded_ms_per_mb=timed_mb,
+            pipeline_hop_ms=timed_pipe,
+        )
         work = plan_work(make_plan(SMOL, 3, None, strategy), 4)
         hops = moved = 0.0
         for c in work.collectives:
@@ -108,10 +109,16 @@ def test_crowded_waits_timed_longer_at_start_price_the_splits_that_work_at_once(
             hops, moved = hops + c.count * each[0], moved + c.count * each[1]
         gap = predict(work, timed, 1).collective_ms - predict(work, fitted, 1).collective_ms
         assert gap == pytest.approx(hops * (want_hop - hop) + moved / 1e6 * (want_mb - per_mb))
-    timed = replace(fitted, crowded_hop_ms=7.0, crowded_ms_per_mb=30.0)
+    timed = replace(fitted, crowded_hop_ms=7.0, crowded_ms_per_mb=30.0, pipeline_hop_ms=4.0)
     again = speed_from_record(speed_record(timed))
-    assert (again.crowded_hop_ms, again.crowded_ms_per_mb) == (7.0, 30.0)
+    assert (again.crowded_hop_ms, again.crowded_ms_per_mb, again.pipeline_hop_ms) == (
+        7.0,
+        30.0,
+        4.0,
+    )
     assert speed_from_record(speed_record(fitted)).crowded_hop_ms == 0.0
+    before = speed_record(timed) | {"crowded": [7.0, 30.0]}
+    assert speed_from_record(before).pipeline_hop_ms == 0.0
 
 
 def test_each_hops_and_mbs_wait_is_read_back_from_a_crowded_all_sums_time() -> None:
@@ -127,6 +134,11 @@ def test_each_hops_and_mbs_wait_is_read_back_from_a_crowded_all_sums_time() -> N
     hops, moved = local.traffic("all_sum", chunk, 3)
     timed = local.all_sum_ms(chunk, 3) + hops * 2.5 + 20.0 * moved / 1e6
     assert ms_per_mb_beyond(timed, chunk, 3, 2.5) == pytest.approx(20.0)
+    # a pipeline's step: the plan's all_sum and a hand-over a stage, each hop waiting
+    plan_hops = local.traffic("all_sum", PLAN_BYTES, 3)[0]
+    step = local.all_sum_ms(PLAN_BYTES, 3) + 3 * local.ms("send", row, 3)
+    assert pipeline_wait_ms(step + (plan_hops + 3) * 4.0, row, 3) == pytest.approx(4.0)
+    assert pipeline_wait_ms(step / 2, row, 3) == 0.0
     alone = crowded_waits(mx.distributed.init(), ModelShape.from_config(SMOL), mx.float32)
     assert all(f >= 0.0 and math.isfinite(f) for f in alone)
 
