@@ -24,12 +24,11 @@ from distributed.hosts import largest_cache_bytes, local_memory_bytes, usable_co
 from distributed.model_shape import ModelShape
 from distributed.route_probe import expert_layer, probe_routes
 from distributed.speed_records import known_chip
-from distributed.step_model import Machine
+from distributed.step_model import PREFILL_ROWS, Machine
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
 from distributed.step_work import bytes_per_param
 
 DECODE_ROWS = (1, 2, 4, 8, 16)
-PREFILL_ROWS = 128
 # Weights read per probe run: past a CPU's caches (twice its largest, at least this, at most
 # 1 GiB); on a GPU enough to hide the dispatch. 96 MB alone fit the 260 MB last-level cache
 # of a Xeon host here, whose probe then read 34 GB/s at 1 row (21 past its cache) and

@@ -48,6 +48,8 @@ FLOPS_SHARE = 0.5
 # (bench/crowded_transfer.py, 3 ranks on 2 cores: 0.02 / 0.29 / 1.18 / 3.32 MB took 5.1-6.4
 # / 8.8-10.8 / 15.4-17.8 / 50-53 ms, 8.5 ms a MB beyond the hops' turns and the loopback).
 CROWDED_MS_PER_MB = 8.5
+# the rows at which a machine's rates give a prefill's arithmetic (distributed/machine_probe.py)
+PREFILL_ROWS = 128
 # mlx-lm's SwitchGLU sorts a forward's routes by expert from this many (switch_layers.py);
 # below, gather_mm reads each route's expert for it alone.
 SORTED_ROUTES = 64

@@ -38,10 +38,10 @@ import numpy as np
 from distributed.chips import Link, collective_hops, link_named
 from distributed.crowded_probe import hop_wait_ms, ms_per_mb_beyond, pipeline_hop_ms
 from distributed.hosts import RankHost
-from distributed.machine_probe import PREFILL_ROWS, median_ms, probe_machine
+from distributed.machine_probe import median_ms, probe_machine
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, machine_record, per_host
-from distributed.step_model import Speed
+from distributed.step_model import PREFILL_ROWS, Speed
 
 log = logging.getLogger("ring.plan")
 LINK_REPEATS = 12

@@ -21,7 +21,7 @@ from distributed.hosts import RankHost, largest_cache_bytes
 from distributed.model_shape import ModelShape
 from distributed.plan import make_plan
 from distributed.speed_records import crowding_of, speed_from_record, speed_record
-from distributed.step_model import CROWDED_MS_PER_MB, Speed, predict
+from distributed.step_model import CROWDED_MS_PER_MB, PREFILL_ROWS, Speed, predict
 from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, EPYC, XEON, cpu_overhead
 from distributed.step_probe import LinkTimes, crowded_link, crowded_waits, steadier
 from distributed.step_work import PlanWork, plan_work
@@ -243,14 +243,31 @@ def test_a_hosts_cores_are_those_the_process_may_run_on() -> None:
 
 
 def test_ranks_on_one_host_share_the_median_of_their_records() -> None:
+    """Ranks on one host share the median of their figures; where they outnumber its
+    cores, the least of their prefill's (the rank that probed at once with the others)."""
     from distributed.speed_records import machine_record, per_host
 
     def record(rate: float) -> dict:
-        return {"machine": machine_record(flat(rate))}
+        machine = flat(rate)
+        machine = replace(
+            machine,
+            rates=machine.rates + ((PREFILL_ROWS, rate / 10),),
+            flops_per_ms=rate,
+            attention_flops_per_ms=rate / 2,
+            kv_bytes_per_ms=rate / 4,
+        )
+        return {"machine": machine_record(machine)}
 
     hosts = [RankHost(host=h, cores=2, memory_bytes=2**34) for h in ("a", "a", "a", "b")]
     machines = per_host([record(5e6), record(17e6), record(11e6), record(3e6)], hosts)
     assert [dict(m.rates)[1] for m in machines] == [11e6, 11e6, 11e6, 3e6]
+    crowded = machines[0]
+    assert dict(crowded.rates)[PREFILL_ROWS] == pytest.approx(5e5)
+    assert (crowded.flops_per_ms, crowded.attention_flops_per_ms) == (5e6, 2.5e6)
+    assert crowded.kv_bytes_per_ms == 11e6 / 4  # a decode's figure: the median
+    pair = [RankHost(host="c", cores=2, memory_bytes=2**34)] * 2  # a core each: the median
+    apart = per_host([record(5e6), record(17e6)], pair)[0]
+    assert (dict(apart.rates)[PREFILL_ROWS], apart.flops_per_ms) == (11e5, 11e6)
 
 
 def test_of_two_measures_of_the_link_the_cheaper_is_kept() -> None:
