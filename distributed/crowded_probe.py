@@ -12,7 +12,8 @@ step 22-37% fast. So a pipeline's hops are timed as its steps run: the step plan
 all_sum, then a row's hidden state passed around the ring with each stage's work on it in
 turn (its share of the layers, at most MAX_STAGE_LAYERS), less that work as each rank
 timed it. Through the relay that read 6.1-8.6 ms a hop, and the steps came within 12% at 1
-and 8 clients in two runs each, over the loopback too (2.0-2.9 ms). The stage's work
+and 8 clients in two runs each, over the loopback too (2.0-2.9 ms); a later start read
+12.1 ms, and its 1-client step +29% (docs/BENCHMARKS.md). The stage's work
 matters: with 2 layers' products a stage the same probe read 10.3-11.8 ms and priced the
 8-client step up to 31% slow. It takes about 2 s at start over the loopback (3 ranks), on
 crowded hosts only.

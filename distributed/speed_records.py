@@ -137,22 +137,21 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
         crowded = len(mine) > host.cores
         merged = dict(mine[0])
         for key in ("rates", "head_rates", "alone_rates", "route_rates"):
+            least = crowded and key in PREFILL_AT_ONCE
             merged[key] = [
-                [rows, _merged(crowded and key in PREFILL_AT_ONCE and rows >= PREFILL_ROWS)(
-                    m[key][i][1] for m in mine
-                )]
+                [rows, _merge([m[key][i][1] for m in mine], least and rows >= PREFILL_ROWS)]
                 for i, (rows, _) in enumerate(mine[0].get(key, []))
-            ]  # fmt: skip
+            ]
         for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
-            merged[key] = _merged(crowded and key in PREFILL_AT_ONCE)(m[key] for m in mine)
+            merged[key] = _merge([m[key] for m in mine], crowded and key in PREFILL_AT_ONCE)
         for key in ("expert_flops_per_ms", "row_layer_ms"):
             merged[key] = statistics.median(m.get(key, 0.0) for m in mine)
         out.append(machine_from_record(merged))
     return tuple(out)
 
 
-def _merged(least: bool) -> Any:
-    return min if least else statistics.median
+def _merge(figures: list[float], least: bool) -> float:
+    return min(figures) if least else statistics.median(figures)
 
 
 def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
