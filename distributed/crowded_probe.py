@@ -22,17 +22,28 @@ crowded hosts only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
 
 from distributed.chips import link_named
 from distributed.step_model import CROWDED_MS_PER_MB
+from distributed.step_work import PLAN_BUFFER_BYTES
 
 PIPELINE_STEPS = 6  # one timing: this many steps of the pattern back to back
 PIPELINE_TIMINGS = 3  # the median of this many
 MAX_STAGE_LAYERS = 8  # a stage's work on the row: its layers' products, at most this many
-PLAN_BYTES = 4096  # the step plan's broadcast (engine/step_plan.py)
+
+
+def layer_products(hidden: int, params: int, dtype: mx.Dtype) -> Callable[[mx.array], mx.array]:
+    """The work the crowded probes put between their collectives: two products of about
+    `params` weights in all on a row's hidden state, through a tanh."""
+    width = max(1, params // 2 // hidden)
+    weight = mx.full((hidden, width), 1.0 / hidden, dtype=dtype)
+    back = mx.full((width, hidden), 1.0 / width, dtype=dtype)
+    mx.eval(weight, back)
+    return lambda h: mx.tanh(h @ weight) @ back
 
 
 def pipeline_hop_ms(
@@ -44,12 +55,10 @@ def pipeline_hop_ms(
     rank, ranks = group.rank(), group.size()
     if ranks == 1:
         return 0.0
-    width = max(1, layer_params // 2 // hidden)
-    weight = mx.full((hidden, width), 1.0 / hidden, dtype=dtype)
-    back = mx.full((width, hidden), 1.0 / width, dtype=dtype)
+    layer = layer_products(hidden, layer_params, dtype)
     row = mx.full((1, hidden), 0.5, dtype=dtype)
-    plan = mx.zeros((PLAN_BYTES,), dtype=mx.uint8)
-    mx.eval(weight, back, row, plan)
+    plan = mx.zeros((PLAN_BUFFER_BYTES,), dtype=mx.uint8)
+    mx.eval(row, plan)
 
     def step() -> float:
         """One step of the pattern; this rank's work in it, in seconds."""
@@ -58,7 +67,7 @@ def pipeline_hop_ms(
         mx.eval(h)
         started = time.perf_counter()
         for _ in range(min(MAX_STAGE_LAYERS, max(1, layers // ranks))):
-            h = mx.tanh(h @ weight) @ back
+            h = layer(h)
         mx.eval(h)
         worked = time.perf_counter() - started
         mx.eval(mx.distributed.send(h, (rank + 1) % ranks, group=group))
@@ -83,8 +92,10 @@ def pipeline_wait_ms(beyond_work_ms: float, row_bytes: int, ranks: int) -> float
     """A crowded pipeline step's ms beyond its stages' work, less the loopback's figures
     for its plan's all_sum and hand-overs, over their hops: each hop's wait."""
     local = link_named("ring-local")
-    hops = local.traffic("all_sum", PLAN_BYTES, ranks)[0] + ranks
-    loopback = local.all_sum_ms(PLAN_BYTES, ranks) + ranks * local.ms("send", row_bytes, ranks)
+    hops = local.traffic("all_sum", PLAN_BUFFER_BYTES, ranks)[0] + ranks
+    loopback = local.all_sum_ms(PLAN_BUFFER_BYTES, ranks) + ranks * local.ms(
+        "send", row_bytes, ranks
+    )
     return max(0.0, beyond_work_ms - loopback) / hops
 
 

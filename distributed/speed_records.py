@@ -132,9 +132,9 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
     the code"). Ranks outnumbering the host's cores take the least of their prefill
     figures (PREFILL_AT_ONCE)."""
     out = []
-    for host in hosts:
+    for host, crowding in zip(hosts, crowding_of(hosts), strict=True):
         mine = [r["machine"] for r, h in zip(records, hosts, strict=True) if h.host == host.host]
-        crowded = len(mine) > host.cores
+        crowded = crowding > 1.0
         merged = dict(mine[0])
         for key in ("rates", "head_rates", "alone_rates", "route_rates"):
             least = crowded and key in PREFILL_AT_ONCE

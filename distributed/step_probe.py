@@ -36,12 +36,18 @@ import mlx.core as mx
 import numpy as np
 
 from distributed.chips import Link, collective_hops, link_named
-from distributed.crowded_probe import hop_wait_ms, ms_per_mb_beyond, pipeline_hop_ms
+from distributed.crowded_probe import (
+    hop_wait_ms,
+    layer_products,
+    ms_per_mb_beyond,
+    pipeline_hop_ms,
+)
 from distributed.hosts import RankHost
 from distributed.machine_probe import median_ms, probe_machine
 from distributed.model_shape import ModelShape
 from distributed.speed_records import all_records, crowding_of, machine_record, per_host
 from distributed.step_model import PREFILL_ROWS, Speed
+from distributed.step_work import PLAN_BUFFER_BYTES
 
 log = logging.getLogger("ring.plan")
 LINK_REPEATS = 12
@@ -153,7 +159,7 @@ def probe_link(group: mx.distributed.Group, shape: ModelShape, activation_bytes:
     times, and a row's amid a step's work (STEP_CHAIN)."""
     dtype = _dtype(activation_bytes)
     rows = [(count, LINK_REPEATS) for count in (1, 8, 16, PREFILL_ROWS)]
-    arrays = [(mx.zeros((4096,), dtype=mx.uint8), LINK_REPEATS)] + [
+    arrays = [(mx.zeros((PLAN_BUFFER_BYTES,), dtype=mx.uint8), LINK_REPEATS)] + [
         (mx.zeros((count, shape.hidden_size), dtype=dtype), repeats)
         for count, repeats in rows + [(BULK_ROWS, BULK_REPEATS)]
     ]
@@ -196,17 +202,15 @@ def crowded_waits(
     hop of a pipeline's step (distributed/crowded_probe.py)."""
     ranks, hidden = group.size(), shape.hidden_size
     layer = 4 * hidden * hidden + 3 * hidden * shape.intermediate_size
-    width = max(1, layer // ranks // 2 // hidden)
-    weight = mx.full((hidden, width), 1.0 / hidden, dtype=dtype)
-    back = mx.full((width, hidden), 1.0 / width, dtype=dtype)
+    share = layer_products(hidden, layer // ranks, dtype)
     row = mx.full((1, hidden), 0.5, dtype=dtype)
     chunk = mx.zeros((BULK_ROWS, hidden), dtype=dtype)
-    mx.eval(weight, back, row, chunk)
+    mx.eval(row, chunk)
 
     def chain(synced: bool) -> None:
         y = row
         for _ in range(STEP_CHAIN):
-            y = mx.tanh(y @ weight) @ back
+            y = share(y)
             y = mx.distributed.all_sum(y, group=group) if synced else y * 0.5
         mx.eval(y)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from distributed.chips import Link, link_named
-from distributed.crowded_probe import PLAN_BYTES, hop_wait_ms, ms_per_mb_beyond, pipeline_wait_ms
+from distributed.crowded_probe import hop_wait_ms, ms_per_mb_beyond, pipeline_wait_ms
 from distributed.hosts import RankHost, largest_cache_bytes
 from distributed.model_shape import ModelShape
 from distributed.plan import make_plan
@@ -24,7 +24,7 @@ from distributed.speed_records import crowding_of, speed_from_record, speed_reco
 from distributed.step_model import CROWDED_MS_PER_MB, PREFILL_ROWS, Speed, predict
 from distributed.step_overhead import CPU_ONE_CORE_OVERHEAD, CPU_OVERHEAD, EPYC, XEON, cpu_overhead
 from distributed.step_probe import LinkTimes, crowded_link, crowded_waits, steadier
-from distributed.step_work import PlanWork, plan_work
+from distributed.step_work import PLAN_BUFFER_BYTES, PlanWork, plan_work
 from tests.support.family_configs import CONFIGS
 from tests.support.step_machines import LINK, SMOL, flat
 
@@ -135,8 +135,8 @@ def test_each_hops_and_mbs_wait_is_read_back_from_a_crowded_all_sums_time() -> N
     timed = local.all_sum_ms(chunk, 3) + hops * 2.5 + 20.0 * moved / 1e6
     assert ms_per_mb_beyond(timed, chunk, 3, 2.5) == pytest.approx(20.0)
     # a pipeline's step: the plan's all_sum and a hand-over a stage, each hop waiting
-    plan_hops = local.traffic("all_sum", PLAN_BYTES, 3)[0]
-    step = local.all_sum_ms(PLAN_BYTES, 3) + 3 * local.ms("send", row, 3)
+    plan_hops = local.traffic("all_sum", PLAN_BUFFER_BYTES, 3)[0]
+    step = local.all_sum_ms(PLAN_BUFFER_BYTES, 3) + 3 * local.ms("send", row, 3)
     assert pipeline_wait_ms(step + (plan_hops + 3) * 4.0, row, 3) == pytest.approx(4.0)
     assert pipeline_wait_ms(step / 2, row, 3) == 0.0
     alone = crowded_waits(mx.distributed.init(), ModelShape.from_config(SMOL), mx.float32)
