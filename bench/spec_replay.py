@@ -55,13 +55,12 @@ from ipc.protocol import SamplingParams, Submit
 from leader.answer import AnswerShape, AnswerStream
 from leader.new_shapes import NewShapes
 from leader.request import Request
-from leader.request_setup import RequestSetup
+from leader.request_setup import Refusal, RequestSetup
 from leader.sampler import RequestSampler
 from leader.spec_rule import StepCosts
 from leader.speculation import Speculator
 
 WIDTHS = (1, 2, 3, 4, 5, 7, 9)  # positions a step: the curve's measured points
-GRAMMAR_FIELDS = {"tool_choice", "response_format"}  # a request's fields that set a grammar
 
 
 @dataclass
@@ -169,10 +168,11 @@ def greedy_answers(
     held = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
     out, model = {}, None
     for workload in workloads:
-        if GRAMMAR_FIELDS & (workload.fields or {}).keys():
-            print(f"  {workload.name}: left out (a grammar shapes its answer; the replay has none)")
+        try:  # no grammar here: a forced tool call or a schema's answer is refused
+            prompt = rendered("/v1/chat/completions", workload.body(), setup)
+        except Refusal as refusal:
+            print(f"  {workload.name}: left out ({refusal.param}: the replay has no grammar)")
             continue
-        prompt = rendered("/v1/chat/completions", workload.body(), setup)
         key = hashlib.sha256(json.dumps([str(model_dir), prompt, workload.max_tokens]).encode())
         if key.hexdigest() in held:
             out[workload.name] = held[key.hexdigest()]
