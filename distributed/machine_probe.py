@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import activations
@@ -23,6 +24,7 @@ from distributed.chips import this_chip
 from distributed.hosts import largest_cache_bytes, local_memory_bytes, usable_cores
 from distributed.model_shape import ModelShape
 from distributed.route_probe import expert_layer, probe_routes
+from distributed.shared_cores import Turns, at_once_ms
 from distributed.speed_records import known_chip
 from distributed.step_model import PREFILL_ROWS, Machine
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
@@ -114,14 +116,14 @@ class _Weights:
 
     def ms(self, rows: int, repeats: int, items: int | None = None) -> float:
         """Median ms of one pass of `rows` rows through the first `items` weights."""
+        return median_ms(self.pass_of(rows, items), repeats, 3 * LONG_PASS_MS, self.floor_ms)
+
+    def pass_of(self, rows: int, items: int | None = None) -> Callable[[], None]:
+        """One pass of `rows` rows through the first `items` weights, to run."""
         chosen = self.items[:items] if items else self.items
         inputs = {w_in: mx.full((rows, w_in), 0.5, dtype=self.dtype) for _, w_in in chosen}
         mx.eval(list(inputs.values()))
-
-        def run() -> None:
-            mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
-
-        return median_ms(run, repeats, 3 * LONG_PASS_MS, self.floor_ms)
+        return lambda: mx.eval([self._product(inputs[w_in], w) for w, w_in in chosen])
 
 
 def median_ms(run: Any, repeats: int, enough_ms: float = 0.0, floor_ms: float = 0.0) -> float:
@@ -164,10 +166,12 @@ def _nbytes(w: Any) -> int:
     return w.nbytes if isinstance(w, mx.array) else sum(p.nbytes for p in w if p is not None)
 
 
-def _attention(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> tuple[float, float]:
-    """(attention's arithmetic a ms over a causal prefill chunk, KV bytes a decode step
-    reads a ms), through mx.fast.scaled_dot_product_attention as the ranks run it (the CPU
-    backend's grouped kernel where server.py installed it)."""
+def _attention(
+    shape: ModelShape, dtype: mx.Dtype, floor_ms: float, prefill_ms: Callable[[Any], float]
+) -> tuple[float, float]:
+    """(attention's arithmetic a ms over a causal prefill chunk, timed by `prefill_ms`, KV
+    bytes a decode step reads a ms), through mx.fast.scaled_dot_product_attention as the
+    ranks run it (the CPU backend's grouped kernel where server.py installed it)."""
     heads, kv_heads, dim = shape.num_heads, max(1, shape.num_kv_heads), shape.head_dim
     scale = dim**-0.5
 
@@ -179,7 +183,7 @@ def _attention(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> tuple[flo
     k = mx.full((1, kv_heads, ATTENTION_CHUNK, dim), 0.1, dtype=dtype)
     mx.eval(q, k)
     flops = 4 * heads * dim * ATTENTION_CHUNK * ATTENTION_CHUNK / 2
-    prefill = flops / median_ms(run(q, k, "causal"), REPEATS, floor_ms=floor_ms)
+    prefill = flops / prefill_ms(run(q, k, "causal"))
     q = mx.full((8, heads, 1, dim), 0.1, dtype=dtype)
     k = mx.full((8, kv_heads, DECODE_CONTEXT, dim), 0.1, dtype=dtype)
     mx.eval(q, k)
@@ -187,7 +191,9 @@ def _attention(shape: ModelShape, dtype: mx.Dtype, floor_ms: float) -> tuple[flo
     return prefill, decode
 
 
-def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int, floor_ms: float) -> float:
+def _experts(
+    shape: ModelShape, dtype: mx.Dtype, budget: int, timed: Callable[[Any], float]
+) -> float:
     """Arithmetic a ms of routed experts over a prefill's tokens, as the families run them:
     mlx-lm's SwitchGLU (the tokens gathered and sorted by expert, three gather_mm, the
     activation, the order restored), each expert given its share of PREFILL_ROWS tokens'
@@ -210,7 +216,7 @@ def _experts(shape: ModelShape, dtype: mx.Dtype, budget: int, floor_ms: float) -
     def run() -> None:
         mx.eval(experts(x, index))
 
-    return 2 * 3 * tokens * picks * hidden * columns / median_ms(run, REPEATS, floor_ms=floor_ms)
+    return 2 * 3 * tokens * picks * hidden * columns / timed(run)
 
 
 def this_cpu() -> str:
@@ -275,15 +281,6 @@ def probe_budget(shape: ModelShape, activation_bytes: int) -> int:
     return int(max(MIN_PROBE_BYTES, min(budget, model)))
 
 
-class Turns(Protocol):
-    """Ranks sharing a host's cores (distributed/step_probe.py): `together` waits for all
-    of them; `each_alone` runs its argument on each rank in turn while the others wait."""
-
-    def together(self) -> None: ...
-
-    def each_alone(self, run: Any) -> Any: ...
-
-
 def probe_machine(
     shape: ModelShape,
     activation_bytes: int,
@@ -296,8 +293,16 @@ def probe_machine(
     the ranks sharing the host probe each decode row count at once, and then each alone
     while the others wait (`Machine.alone_rates`): at one row the two read 13-16 and 20-22
     GB/s on the AMD EPYC host, and unsynchronized either came out by chance; a tensor
-    split's steps went by the first, a pipeline's by the second (docs/BENCHMARKS.md)."""
+    split's steps went by the first, a pipeline's by the second (docs/BENCHMARKS.md). A
+    prefill's figures they time at once, every rank alike (shared_cores.at_once_ms)."""
     floor = CROWDED_SAMPLE_MS if crowded else 0.0
+
+    def prefill_ms(run: Callable[[], None]) -> float:
+        """A prefill's work timed: at once where ranks share the host's cores."""
+        if turns is None:
+            return median_ms(run, REPEATS, floor_ms=floor)
+        return at_once_ms(turns, run)
+
     dtype = {4: mx.float32, 2: mx.bfloat16}.get(activation_bytes, mx.float32)
     gpu = mx.default_device() == mx.gpu
     budget = probe_budget(shape, activation_bytes)
@@ -316,7 +321,10 @@ def probe_machine(
     one = len(_layer_shapes(shape))
     two = sum(rows * columns for rows, columns in _layer_shapes(shape)) * 4 + 1
     prefill = _Weights(_layer_shapes(shape), shape, dtype, two, floor_ms=floor)  # two layers
-    rate = _slope(prefill, PREFILL_ROWS, one)
+    if turns is None:
+        rate = _slope(prefill, PREFILL_ROWS, one)
+    else:
+        rate = prefill.nbytes / prefill_ms(prefill.pass_of(PREFILL_ROWS))
     rates.append((PREFILL_ROWS, rate))
     if alone:  # a pipeline's streamed prefill runs its stages at once
         alone.append((PREFILL_ROWS, rate))
@@ -337,9 +345,9 @@ def probe_machine(
     # first; the bench's MoE experts 19-21 against 25-26 (28-29 probed alone); a prefill's
     # layers reuse their own sizes
     mx.clear_cache()
-    attention_flops, kv_rate = _attention(shape, dtype, floor)
+    attention_flops, kv_rate = _attention(shape, dtype, floor, prefill_ms)
     mx.clear_cache()
-    experts = _experts(shape, dtype, budget, floor)
+    experts = _experts(shape, dtype, budget, prefill_ms)
     mx.clear_cache()
     routes = probe_routes(shape, dtype, budget, lambda run: median_ms(run, REPEATS, floor_ms=floor))
     mx.clear_cache()

@@ -45,6 +45,7 @@ from distributed.crowded_probe import (
 from distributed.hosts import RankHost
 from distributed.machine_probe import median_ms, probe_machine
 from distributed.model_shape import ModelShape
+from distributed.shared_cores import GroupTurns
 from distributed.speed_records import all_records, crowding_of, machine_record, per_host
 from distributed.step_model import PREFILL_ROWS, Speed
 from distributed.step_work import PLAN_BUFFER_BYTES
@@ -239,25 +240,6 @@ def steadier(first: Link, second: Link) -> Link:
         return link.all_sum_ms(4096, 2) + link.all_sum_ms(2**20, 2)
 
     return first if cost(first) <= cost(second) else second
-
-
-class GroupTurns:
-    """machine_probe.Turns over a group's ranks: an all_sum as the barrier."""
-
-    def __init__(self, group: mx.distributed.Group) -> None:
-        self.group = group
-
-    def together(self) -> None:
-        mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=self.group))
-
-    def each_alone(self, run: Any) -> Any:
-        mine = None
-        for turn in range(self.group.size()):
-            self.together()
-            if turn == self.group.rank():
-                mine = run()
-        self.together()
-        return mine
 
 
 def measure_speed(
