@@ -14,18 +14,10 @@ import numpy as np
 
 from distributed.chips import Chip, Link, chip_named
 from distributed.hosts import RankHost
-from distributed.step_model import PREFILL_ROWS, Machine, Speed
+from distributed.step_model import Machine, Speed
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD
 
 RECORD_BYTES = 2048  # a rank's record in the all_gather, JSON padded with zeros
-# A prefill's figures of ranks that outnumber their host's cores (its arithmetic, its
-# attention's, the products' rate at PREFILL_ROWS): the least of theirs. They probe at
-# once, but a rank whose samples ran partly while another was between probes had more of
-# the cores: 3 ranks on the Xeon's 2 cores, three starts, read 51.1-52.7 GFLOP/s at the
-# slowest rank and 84-114 at rank 0 (their median 57-80), and the 3-rank pipeline's
-# 1,440-token prefill (5.4-6.6 s in every run) was predicted 27-37% fast where the median
-# read over 65; with the least, five runs of four setups read -20% to -4%.
-PREFILL_AT_ONCE = ("flops_per_ms", "attention_flops_per_ms", "rates", "alone_rates")
 
 
 def known_chip(name: str) -> Chip | None:
@@ -129,29 +121,23 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
     """Every rank's machine: ranks on one host share its record, the median of theirs
     (ranks taking turns on fewer cores measured widely different rates at one row, each
     alone; their median is what one of them gets; docs/BENCHMARKS.md, "Figures behind
-    the code"). Ranks outnumbering the host's cores take the least of their prefill
-    figures (PREFILL_AT_ONCE)."""
+    the code"). Their prefill's figures they timed at once, every rank alike
+    (distributed/shared_cores.py)."""
     out = []
-    for host, crowding in zip(hosts, crowding_of(hosts), strict=True):
+    for host in hosts:
         mine = [r["machine"] for r, h in zip(records, hosts, strict=True) if h.host == host.host]
-        crowded = crowding > 1.0
         merged = dict(mine[0])
         for key in ("rates", "head_rates", "alone_rates", "route_rates"):
-            least = crowded and key in PREFILL_AT_ONCE
             merged[key] = [
-                [rows, _merge([m[key][i][1] for m in mine], least and rows >= PREFILL_ROWS)]
+                [rows, statistics.median(m[key][i][1] for m in mine)]
                 for i, (rows, _) in enumerate(mine[0].get(key, []))
             ]
         for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
-            merged[key] = _merge([m[key] for m in mine], crowded and key in PREFILL_AT_ONCE)
+            merged[key] = statistics.median(m[key] for m in mine)
         for key in ("expert_flops_per_ms", "row_layer_ms"):
             merged[key] = statistics.median(m.get(key, 0.0) for m in mine)
         out.append(machine_from_record(merged))
     return tuple(out)
-
-
-def _merge(figures: list[float], least: bool) -> float:
-    return min(figures) if least else statistics.median(figures)
 
 
 def crowding_of(hosts: list[RankHost]) -> tuple[float, ...]:
