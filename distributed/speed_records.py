@@ -132,9 +132,13 @@ def per_host(records: list[dict[str, Any]], hosts: list[RankHost]) -> tuple[Mach
                 [rows, statistics.median(m[key][i][1] for m in mine)]
                 for i, (rows, _) in enumerate(mine[0].get(key, []))
             ]
-        for key in ("flops_per_ms", "attention_flops_per_ms", "kv_bytes_per_ms"):
-            merged[key] = statistics.median(m[key] for m in mine)
-        for key in ("expert_flops_per_ms", "row_layer_ms"):
+        for key in (
+            "flops_per_ms",
+            "attention_flops_per_ms",
+            "kv_bytes_per_ms",
+            "expert_flops_per_ms",
+            "row_layer_ms",
+        ):
             merged[key] = statistics.median(m.get(key, 0.0) for m in mine)
         out.append(machine_from_record(merged))
     return tuple(out)
