@@ -21,8 +21,8 @@ import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.switch_layers import SwitchGLU
 
+from distributed.expert_load import SORTED_ROUTES
 from distributed.model_shape import ModelShape
-from distributed.step_model import SORTED_ROUTES
 
 ROUTE_ROWS = (1, 8)  # a decode step's rows probed
 DRAWS = 16  # route draws a row count's passes take in turn

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from distributed.chips import Chip, Link
-from distributed.expert_load import busiest_share
+from distributed.expert_load import SORTED_ROUTES, routed_reads
 from distributed.prefill_pieces import prefill_pieces, streamed_ms
+from distributed.shares import split
 from distributed.step_overhead import CPU_OVERHEAD, GPU_OVERHEAD, Overhead, cpu_kinds, cpu_overhead
 from distributed.step_work import PlanWork, RankWork
 
@@ -50,9 +51,6 @@ FLOPS_SHARE = 0.5
 CROWDED_MS_PER_MB = 8.5
 # the rows at which a machine's rates give a prefill's arithmetic (distributed/machine_probe.py)
 PREFILL_ROWS = 128
-# mlx-lm's SwitchGLU sorts a forward's routes by expert from this many (switch_layers.py);
-# below, gather_mm reads each route's expert for it alone.
-SORTED_ROUTES = 64
 
 
 @dataclass(frozen=True)
@@ -171,59 +169,6 @@ class StepTime:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-def _touched(held: int, total: int, picks: int, tokens: int) -> float:
-    """Expected distinct experts among `held` of `total` that `tokens` tokens touch, each
-    token routing to `picks` different experts, uniformly (no routing statistics)."""
-    if not held or not tokens or not total:
-        return 0.0
-    return held * (1 - (1 - picks / total) ** tokens)
-
-
-def _routed(work: PlanWork, tokens: int, samples: int = 256) -> list[tuple[float, float]]:
-    """Per rank, (expert reads in a MoE layer, its share of the layer's routes) for a
-    forward of `tokens` tokens. Under SORTED_ROUTES routes mlx-lm's SwitchGLU does not sort
-    them, and each route reads its expert; past it, each expert touched is read once for
-    its tokens. A rank of a pipeline or of mlx-lm's shard() computes every route (through
-    its slice of each expert in the latter). An expert split's ranks wait at each layer's
-    all_sum for the busiest, so each counts the busiest rank's: the most reads and the
-    largest share of routes, by the layers' routes as serving counted them
-    (`expert_shares`) or evenly."""
-    held = [r.experts_held for r in work.ranks]
-    total, picks = work.num_experts, work.experts_per_token
-    if not total or not any(held) or not tokens:
-        return [(0.0, 0.0)] * len(held)
-    each_route = tokens * picks < SORTED_ROUTES
-    if not (work.strategy == "tensor" and work.experts_divided):
-        reads = [tokens * picks if each_route else _touched(h, total, picks, tokens) for h in held]
-        return [(r, 1.0) if h else (0.0, 0.0) for r, h in zip(reads, held, strict=True)]
-    layers = [np.asarray(s) for s in work.expert_shares] or [np.full(total, 1.0 / total)]
-    edges = np.cumsum([0, *held])
-    spans = list(zip(edges[:-1], edges[1:], strict=True))
-    share = busiest_share(work.expert_shares, held)
-    many = tokens * picks > 4 * total
-    if many and each_route:  # many routes: each rank's expected routes are its reads
-        busiest = [max(tokens * picks * p[a:b].sum() for a, b in spans) for p in layers]
-    elif many:  # many tokens: each rank's expected count is its count
-        chance = [np.minimum(1.0, picks * p) for p in layers]  # a token's odds of each expert
-        busiest = [max((1 - (1 - c[a:b]) ** tokens).sum() for a, b in spans) for c in chance]
-    else:  # few: E[max over ranks] by a seeded sampling of routes, `picks` per token,
-        # over 8 of the layers at most (a decode step's prediction stays milliseconds)
-        rng = np.random.default_rng(0)
-        sampled = layers[:: max(1, len(layers) // 8)][:8]
-        each = samples // len(sampled)
-        busiest = []
-        for p in sampled:
-            with np.errstate(divide="ignore"):
-                keys = np.log(p) + rng.gumbel(size=(each, tokens, total))
-            chosen = np.argpartition(-keys, picks - 1, axis=-1)[..., :picks].reshape(each, -1)
-            routes = np.stack([np.bincount(c, minlength=total) for c in chosen])
-            read = routes if each_route else routes > 0
-            counts = np.stack([read[:, a:b].sum(axis=1) for a, b in spans], axis=1)
-            busiest.append(float(counts.max(axis=1).mean()))
-    most = float(np.mean(busiest))
-    return [(most, share) if h else (0.0, 0.0) for h in held]
-
-
 def _rank_segments(
     work: PlanWork, rank: RankWork, machine: Machine, rows: int, head_rows: int,
     routed: tuple[float, float], context: int, batch: int,
@@ -269,6 +214,24 @@ def _synced_compute(work: PlanWork, segments: list[tuple[float, float, float]]) 
     return max(a + r for a, r in zip(attention, rest, strict=True)) + max(head)
 
 
+def _piece_segments(
+    work: PlanWork, speed: Speed, rows: int, head_rows: int, context: int, seqs: int
+) -> list[tuple[float, float, float]]:
+    """Each rank's (attention, the rest of the layers, the head) ms for a forward of `rows`
+    token rows after `context` cached positions, its host's crowding counted."""
+    routed = routed_reads(work, rows)
+    segments: list[tuple[float, float, float]] = []
+    for r, machine in zip(work.ranks, speed.machines, strict=True):
+        if work.strategy == "pipeline" and machine.alone_rates:
+            machine = replace(machine, rates=machine.alone_rates)
+        crowd = 1.0 if speed.rates_shared else speed.crowd(r.rank)
+        attention, rest, head = _rank_segments(
+            work, r, machine, rows, head_rows, routed[r.rank], context, seqs
+        )
+        segments.append((attention * crowd, rest * crowd, head * crowd))
+    return segments
+
+
 def predict(
     work: PlanWork, speed: Speed, batch: int, width: int = 1, context: int = 0, prefill: int = 0
 ) -> StepTime:
@@ -279,40 +242,44 @@ def predict(
     seqs = 1 if prefill else batch
     if len(speed.machines) != work.world:
         raise ValueError(f"{len(speed.machines)} machines for a plan of {work.world} ranks")
-    routed = _routed(work, rows)
-    segments: list[tuple[float, float, float]] = []
-    for r, machine in zip(work.ranks, speed.machines, strict=True):
-        if work.strategy == "pipeline" and machine.alone_rates:
-            machine = replace(machine, rates=machine.alone_rates)
-        crowd = 1.0 if speed.rates_shared else speed.crowd(r.rank)
-        attention, rest, head = _rank_segments(
-            work, r, machine, rows, head_rows, routed[r.rank], context, seqs
-        )
-        segments.append((attention * crowd, rest * crowd, head * crowd))
-    computes = [sum(parts) for parts in segments]
-    at_once = work.strategy != "pipeline" and work.world > 1
+    pipeline = work.strategy == "pipeline"
+    # a long prefill streams through a pipeline's stages in pieces, each piece a forward
+    # over the cache the pieces before it filled
+    pieces = prefill_pieces(prefill, work.world) if pipeline else 1
+    spans = split(rows, [1.0] * pieces)
+    by_piece = [
+        _piece_segments(work, speed, end - start, head_rows, context + start, seqs)
+        for start, end in spans
+    ]
+    for segments in by_piece[:-1]:  # the head takes the last piece's last position only
+        segments[:] = [(attention, rest, 0.0) for attention, rest, _ in segments]
+    computes = [[sum(by_piece[k][r]) for k in range(pieces)] for r in range(work.world)]
+    at_once = not pipeline and work.world > 1
     # a prefill's forward is never compiled, on any plan: its rows were predicted within a
     # few percent by the compiled decode's terms, so only a decode step tells eager apart
     eager = work.eager and not prefill
     kinds = [speed.overhead(r.rank, at_once, eager) for r in work.ranks]
-    # a long prefill streams through a pipeline's stages in pieces, each piece a forward
-    pieces = prefill_pieces(prefill, work.world) if work.strategy == "pipeline" else 1
-    overheads = [
-        (o.ms(r.layers, rows, decode=not prefill) + (pieces - 1) * r.layers * o.layer_ms)
-        * speed.crowd(r.rank)
-        for r, o in zip(work.ranks, kinds, strict=True)
-    ]
-    if work.strategy == "pipeline":  # one plan, one sampler: one step's fixed cost
+    if pipeline:  # one plan, one sampler: the step's fixed cost once, on rank 0
         stages = [
-            c + o - (k.step_ms if r.rank else 0.0)
-            for c, o, r, k in zip(computes, overheads, work.ranks, kinds, strict=True)
+            [
+                ms + (o.ms(r.layers, end - start, not prefill) - o.step_ms) * speed.crowd(r.rank)
+                for ms, (start, end) in zip(piece_ms, spans, strict=True)
+            ]
+            for piece_ms, r, o in zip(computes, work.ranks, kinds, strict=True)
         ]
-        compute = streamed_ms(computes, pieces)
-        overhead = streamed_ms(stages, pieces) - compute
-    elif work.strategy == "tensor":
-        compute, overhead = _synced_compute(work, segments), max(overheads)
+        stages[0][0] += kinds[0].step_ms * speed.crowd(0)
+        compute = streamed_ms(computes)
+        overhead = streamed_ms(stages) - compute
     else:
-        compute, overhead = max(computes), max(overheads)
+        overheads = [
+            o.ms(r.layers, rows, decode=not prefill) * speed.crowd(r.rank)
+            for r, o in zip(work.ranks, kinds, strict=True)
+        ]
+        overhead = max(overheads)
+        if work.strategy == "tensor":
+            compute = _synced_compute(work, by_piece[0])
+        else:
+            compute = max(c[0] for c in computes)
     talk, count = 0.0, 0
     crowded = max(speed.crowding or (1.0,)) > 1.0
     fitted = cpu_kinds(speed.machines[0].cpu).crowded_hop_ms  # the least (step_probe.py)
@@ -332,7 +299,7 @@ def predict(
         collective_ms=talk,
         overhead_ms=overhead,
         collectives=count,
-        parts={f"rank {i}": ms for i, ms in enumerate(computes)},
+        parts={f"rank {i}": sum(ms) for i, ms in enumerate(computes)},
     )
 
 

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from distributed.chips import LINKS, chip_named, link_named, parse_link
-from distributed.expert_load import FIRST_REFRESH_ROUTES, ExpertLoad, busiest_share
+from distributed.expert_load import (
+    FIRST_REFRESH_ROUTES,
+    SORTED_ROUTES,
+    ExpertLoad,
+    busiest_share,
+    routed_reads,
+    touched,
+)
 from distributed.hosts import RankHost
 from distributed.memory import activation_bytes, predict_weight_bytes
 from distributed.plan import make_plan
@@ -22,14 +29,11 @@ from distributed.plan_speed import SplitSpeed, balance, choose, choose_plan, mea
 from distributed.prefill_pieces import MIN_PIECE, prefill_pieces, streamed_ms
 from distributed.shares import split
 from distributed.step_model import (
-    SORTED_ROUTES,
     ClusterModel,
     Machine,
     Speed,
     StepTime,
-    _routed,
     _synced_compute,
-    _touched,
     predict,
 )
 from distributed.step_overhead import Overhead
@@ -119,15 +123,15 @@ def test_an_apple_chip_reads_at_its_bandwidth_until_its_arithmetic_binds() -> No
 
 
 def test_routed_experts_cost_where_tokens_go_and_the_busiest_rank_sets_the_pace() -> None:
-    assert _touched(8, 16, 4, 1) == pytest.approx(2.0)  # 4 picks, half of them its own
-    assert _touched(8, 16, 4, 64) == pytest.approx(8.0, rel=1e-3)  # every expert
+    assert touched(8, 16, 4, 1) == pytest.approx(2.0)  # 4 picks, half of them its own
+    assert touched(8, 16, 4, 64) == pytest.approx(8.0, rel=1e-3)  # every expert
     moe = write_config("qwen3_moe")
     work = plan_work(make_plan(moe, 2, None, "tensor"), 4)
-    (busiest, share), _ = _routed(work, 1)
-    mean = _touched(work.ranks[0].experts_held, work.num_experts, work.experts_per_token, 1)
+    (busiest, share), _ = routed_reads(work, 1)
+    mean = touched(work.ranks[0].experts_held, work.num_experts, work.experts_per_token, 1)
     assert busiest > mean  # the routes split unevenly, and every rank waits
     assert share == pytest.approx(0.5)  # as many routes to each rank's experts, uncounted
-    assert _routed(work, 1) == _routed(work, 1)  # seeded: every rank computes the same
+    assert routed_reads(work, 1) == routed_reads(work, 1)  # seeded: every rank computes the same
 
 
 def test_a_decode_steps_routes_each_read_their_expert_and_a_prefills_each_expert_once() -> None:
@@ -138,14 +142,14 @@ def test_a_decode_steps_routes_each_read_their_expert_and_a_prefills_each_expert
     whole = plan_work(make_plan(moe, 1, None, "tensor"), 4)
     picks, total = whole.experts_per_token, whole.num_experts
     rows = (SORTED_ROUTES - 1) // picks  # the most rows whose routes stay unsorted
-    assert _routed(whole, rows) == [(rows * picks, 1.0)]
+    assert routed_reads(whole, rows) == [(rows * picks, 1.0)]
     many = SORTED_ROUTES // picks + 1
-    assert _routed(whole, many)[0][0] == pytest.approx(_touched(total, total, picks, many))
+    assert routed_reads(whole, many)[0][0] == pytest.approx(touched(total, total, picks, many))
     split = plan_work(make_plan(moe, 2, None, "tensor"), 4)
     for count in (2, rows):  # the busiest rank's routes, each read (E[max] where few)
-        (reads, share), _ = _routed(split, count)
+        (reads, share), _ = routed_reads(split, count)
         assert share * count * picks <= reads < count * picks
-    assert _routed(split, 2)[0][0] > share * 2 * picks
+    assert routed_reads(split, 2)[0][0] > share * 2 * picks
     model = ClusterModel(whole, Speed((flat(1e7),), LINK))
     assert model.decode_ms(rows) > model.decode_ms(1) * 2  # every route reads its expert
 
@@ -169,11 +173,11 @@ def test_routes_as_counted_make_the_busiest_rank_of_an_expert_split_busier() -> 
     assert busiest_share(shares, held) == pytest.approx(0.75, abs=0.02)
     assert busiest_share((), held) == pytest.approx(0.5)
     counted = model.routed_as(shares)
-    assert _routed(counted.work, 1024)[0][1] == pytest.approx(0.75, abs=0.02)  # not 1/2
+    assert routed_reads(counted.work, 1024)[0][1] == pytest.approx(0.75, abs=0.02)  # not 1/2
     assert counted.prefill_ms(1024) > model.prefill_ms(1024)
     assert counted.decode_ms(1) >= model.decode_ms(1)
     pipeline = plan_work(make_plan(moe, 2, None, "pipeline"), 4)  # every stage takes every route
-    assert _routed(replace(pipeline, expert_shares=shares), 512) == _routed(pipeline, 512)
+    assert routed_reads(replace(pipeline, expert_shares=shares), 512) == routed_reads(pipeline, 512)
 
 
 def test_status_follows_the_routes_rank_0_counts() -> None:
@@ -328,16 +332,29 @@ def test_the_prefill_figure_is_an_agents_prompt_with_attention_over_its_cache() 
 
 def test_a_pipelines_long_prefill_streams_through_its_stages_in_pieces() -> None:
     """A pipeline's prefill of MIN_PIECE tokens runs its stages one after another; a long
-    one streams through them in pieces: near the slowest stage's time, not the sum."""
-    speed = Speed((flat(1e7),) * 2, LINK)
+    one streams through them in pieces: near the slowest stage's time, not the sum. A later
+    piece attends over the earlier ones, so the stages wait out the last piece, which costs
+    more than an average one."""
+    attending = replace(flat(1e7), attention_flops_per_ms=1e8)  # prices attention's work
     work = plan_work(make_plan(SMOL, 2, None, "pipeline"), 4)
-    short, long = (predict(work, speed, 1, prefill=n) for n in (MIN_PIECE, 16 * MIN_PIECE))
+    for machine, later_cost_more in ((flat(1e7), False), (attending, True)):
+        speed = Speed((machine,) * 2, LINK)
+        short, long = (predict(work, speed, 1, prefill=n) for n in (MIN_PIECE, 16 * MIN_PIECE))
+        assert short.compute_ms == pytest.approx(sum(short.parts.values()))
+        stages = list(long.parts.values())
+        assert max(stages) < long.compute_ms < 0.6 * sum(stages)  # about (8 + 1) / 8 of one
+        alike = sum(stages) / 8 + 7 * max(stages) / 8  # were the eight pieces to cost alike
+        assert (long.compute_ms > 1.01 * alike) == later_cost_more
+        assert long.compute_ms > 0.999 * alike
     assert prefill_pieces(MIN_PIECE, 2) == 1 and prefill_pieces(16 * MIN_PIECE, 2) == 8
-    assert short.compute_ms == pytest.approx(sum(short.parts.values()))
-    stages = list(long.parts.values())
-    assert long.compute_ms == pytest.approx(streamed_ms(stages, 8))
-    assert max(stages) < long.compute_ms < 0.6 * sum(stages)  # (8 + 1) / 8 of one stage
     assert [end - start for start, end in split(10, [1.0] * 4)] == [3, 3, 2, 2]  # the pieces
+
+
+def test_each_stage_takes_a_piece_once_it_and_the_stage_before_are_done() -> None:
+    """streamed_ms: a slow first stage sets the pace, or a slow last stage does."""
+    assert streamed_ms([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]]) == 7.0  # 1, 3, 6, then 7
+    assert streamed_ms([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]]) == 10.0  # 1, then 4, 7, 10
+    assert streamed_ms([[2.0], [3.0], [4.0]]) == 9.0  # one piece: the stages in turn
 
 
 def test_a_prefills_experts_cost_their_measured_arithmetic() -> None:
